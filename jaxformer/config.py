@@ -1,0 +1,143 @@
+"""Configuration dataclasses.
+
+`BertConfig` uses Hugging Face's field names and meanings (so a `config.json` maps onto it one to one) plus the
+numeric and implementation choices of this project: compute `dtype`, `param_dtype`, which `kernels` implement the
+memory-bound operators, and `remat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+KERNELS = ("xla", "pallas")
+REMAT_POLICIES = ("none", "full", "dots")
+
+# name -> (num_hidden_layers, hidden_size, num_attention_heads, intermediate_size)
+_PRESETS = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+
+
+def _dtype_name(field: str, value: Any) -> str:
+    """Normalise a dtype given as a string, numpy/jax dtype or scalar type to its canonical name."""
+    try:
+        name = jnp.dtype(value).name
+    except TypeError:
+        raise ValueError(f"{field}={value!r} is not a dtype; use one of {_FLOAT_DTYPES}") from None
+    if name not in _FLOAT_DTYPES:
+        raise ValueError(f"{field}={value!r} is not a floating dtype; use one of {_FLOAT_DTYPES}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """A BERT encoder and its pre-training heads (MLM + NSP).
+
+    Field meanings follow Hugging Face's `BertConfig`. Extra fields:
+
+    * `dtype`: compute dtype of the contractions and activations (default bfloat16). Layernorm statistics,
+      softmax and losses are always computed in float32.
+    * `param_dtype`: storage dtype of the parameters (default float32).
+    * `kernels`: `"xla"` (plain jax.numpy, fused by XLA) or `"pallas"` (fused Pallas kernels), see `jaxformer.ops`.
+    * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
+      layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
+      mean `"full"`/`"none"`.
+
+    Dtypes may be given as strings or dtypes (`dtype=jnp.float32`); they are stored as their names.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    initializer_range: float = 0.02
+    dtype: Any = "bfloat16"
+    param_dtype: Any = "float32"
+    kernels: str = "xla"
+    remat: Any = "none"
+
+    def __post_init__(self):
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{field}={value!r} must be a positive integer")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} must divide "
+                             f"hidden_size={self.hidden_size}")
+        for field in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{field}={value!r} must be a probability in [0, 1)")
+        if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < 1):
+            raise ValueError(f"layer_norm_eps={self.layer_norm_eps!r} must be in (0, 1)")
+        if not (isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0
+                and math.isfinite(self.initializer_range)):
+            raise ValueError(f"initializer_range={self.initializer_range!r} must be a positive number")
+        object.__setattr__(self, "dtype", _dtype_name("dtype", self.dtype))
+        object.__setattr__(self, "param_dtype", _dtype_name("param_dtype", self.param_dtype))
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels={self.kernels!r} must be one of {KERNELS}")
+        remat = {True: "full", False: "none", None: "none"}.get(self.remat, self.remat) \
+            if isinstance(self.remat, (bool, type(None))) else self.remat
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r} must be one of {REMAT_POLICIES} (or a bool)")
+        object.__setattr__(self, "remat", remat)
+
+    # -- derived quantities, named with the DESIGN.md letters --------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        """H: the width of one attention head (D / N)."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def parameter_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "BertConfig":
+        """A named size (`tiny`, `mini`, `base`, `large`) with any field overridden by keyword."""
+        if name not in _PRESETS:
+            raise ValueError(f"preset name={name!r} is unknown; choose one of {sorted(_PRESETS)}")
+        layers, hidden, heads, ff = _PRESETS[name]
+        fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                      intermediate_size=ff)
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown BertConfig field(s) {sorted(unknown)} in overrides")
+        fields.update(overrides)
+        return cls(**fields)
+
+    @staticmethod
+    def preset_names() -> tuple[str, ...]:
+        return tuple(_PRESETS)
+
+    def replace(self, **changes) -> "BertConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field (dtypes as names)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,291 @@
+"""BERT for pre-training (MLM + NSP) in Flax NNX.
+
+Every contraction is an einsum in the dimension letters of DESIGN.md (B batch, S query position, T key position,
+D model width, N heads, H head width, F feed-forward width, V vocabulary, L layers, C the Q/K/V component, P
+masked positions). Every memory-bound operator is called through `jaxformer.ops`, which picks the XLA reference or
+a fused Pallas kernel. Parameters are stored in `param_dtype` (float32) and cast to the compute `dtype` at use.
+
+The encoder layer (post-LN, as in BERT):
+
+    qkv  = x[BSD] @ w_qkv[CDNH] + b_qkv[CNH]                              (AIB)
+    ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM)
+    x    = LN(x + dropout(ctx[BSNH] @ w_o[NHD] + b_o))                      (BDRLN)
+    h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
+    x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
+
+The layers are stacked on a leading L axis and run with `jax.lax.scan`, so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from pallas_kernels.dropout import seed_from_key
+
+from . import ops
+from .config import BertConfig
+
+
+def _normal(rngs: nnx.Rngs, shape, config: BertConfig):
+    """Hugging Face's initialisation: N(0, initializer_range) for weight matrices and embeddings."""
+    return nnx.Param(config.initializer_range * jax.random.normal(rngs.params(), shape, config.parameter_dtype))
+
+
+def _zeros(shape, config: BertConfig):
+    return nnx.Param(jnp.zeros(shape, config.parameter_dtype))
+
+
+def _ones(shape, config: BertConfig):
+    return nnx.Param(jnp.ones(shape, config.parameter_dtype))
+
+
+class LayerNormParams(nnx.Module):
+    """Scale and bias of a layernorm; the normalisation itself runs inside the fused operators."""
+
+    def __init__(self, config: BertConfig):
+        self.scale = _ones((config.hidden_size,), config)
+        self.bias = _zeros((config.hidden_size,), config)
+
+
+class Embeddings(nnx.Module):
+    """Word + position + token-type embeddings, then layernorm and dropout."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        d = config.hidden_size
+        self.word = _normal(rngs, (config.vocab_size, d), config)  # VD, tied to the MLM decoder
+        self.position = _normal(rngs, (config.max_position_embeddings, d), config)
+        self.token_type = _normal(rngs, (config.type_vocab_size, d), config)
+        self.layer_norm = LayerNormParams(config)
+
+    def __call__(self, input_ids, token_type_ids, *, seed, rate: float):
+        cfg = self.config
+        s = input_ids.shape[1]
+        word = jnp.take(self.word[...], input_ids, axis=0)  # BSD
+        token_type = jnp.take(self.token_type[...], token_type_ids, axis=0)  # BSD
+        position = self.position[:s][None]  # 1SD
+        return ops.select(cfg.kernels).embedding_layernorm(
+            word, position, token_type, self.layer_norm.scale[...], self.layer_norm.bias[...],
+            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype)
+
+
+class SelfAttention(nnx.Module):
+    """Multi-head self-attention with a padding mask, its output projection and the post-LN residual block."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        d, n, h = config.hidden_size, config.num_attention_heads, config.head_dim
+        self.qkv_kernel = _normal(rngs, (3, d, n, h), config)  # CDNH
+        self.qkv_bias = _zeros((3, n, h), config)  # CNH
+        self.out_kernel = _normal(rngs, (n, h, d), config)  # NHD
+        self.out_bias = _zeros((d,), config)
+        self.layer_norm = LayerNormParams(config)
+
+    def __call__(self, x, mask, *, seeds, deterministic: bool):
+        cfg, dt = self.config, self.config.compute_dtype
+        f = ops.select(cfg.kernels)
+        qkv = jnp.einsum("BSD,CDNH->CBSNH", x, self.qkv_kernel[...].astype(dt))
+        qkv = qkv + self.qkv_bias[...].astype(dt)[:, None, None]  # AIB: XLA fuses it into the GEMM epilogue
+        rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+        ctx = f.attention(qkv[0], qkv[1], qkv[2], mask, seed=seeds[0], rate=rate)  # BSNH
+        out = jnp.einsum("BSNH,NHD->BSD", ctx, self.out_kernel[...].astype(dt))
+        rate = 0.0 if deterministic else cfg.hidden_dropout_prob
+        return f.bias_dropout_residual_layernorm(
+            out, self.out_bias[...], x, self.layer_norm.scale[...], self.layer_norm.bias[...],
+            seed=seeds[1], rate=rate, eps=cfg.layer_norm_eps)
+
+
+class FeedForward(nnx.Module):
+    """Dense D->F, exact GELU, dense F->D, then the post-LN residual block."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        d, ff = config.hidden_size, config.intermediate_size
+        self.in_kernel = _normal(rngs, (d, ff), config)  # DF
+        self.in_bias = _zeros((ff,), config)
+        self.out_kernel = _normal(rngs, (ff, d), config)  # FD
+        self.out_bias = _zeros((d,), config)
+        self.layer_norm = LayerNormParams(config)
+
+    def __call__(self, x, *, seed, deterministic: bool):
+        cfg, dt = self.config, self.config.compute_dtype
+        f = ops.select(cfg.kernels)
+        h = f.bias_gelu(jnp.einsum("BSD,DF->BSF", x, self.in_kernel[...].astype(dt)), self.in_bias[...])
+        out = jnp.einsum("BSF,FD->BSD", h, self.out_kernel[...].astype(dt))
+        rate = 0.0 if deterministic else cfg.hidden_dropout_prob
+        return f.bias_dropout_residual_layernorm(
+            out, self.out_bias[...], x, self.layer_norm.scale[...], self.layer_norm.bias[...],
+            seed=seed, rate=rate, eps=cfg.layer_norm_eps)
+
+
+class EncoderLayer(nnx.Module):
+    """One post-LN transformer layer: self-attention block, then feed-forward block."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.attention = SelfAttention(config, rngs=rngs)
+        self.feed_forward = FeedForward(config, rngs=rngs)
+
+    def __call__(self, x, mask, *, key, deterministic: bool):
+        # Three dropout sites per layer, each with its own seed derived from the layer's key.
+        seeds = [seed_from_key(k) for k in jax.random.split(key, 3)]
+        x = self.attention(x, mask, seeds=seeds[:2], deterministic=deterministic)
+        return self.feed_forward(x, seed=seeds[2], deterministic=deterministic)
+
+
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Encoder(nnx.Module):
+    """`num_hidden_layers` EncoderLayers whose parameters are stacked on a leading L axis, run with a scan."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+
+        @nnx.split_rngs(splits=config.num_hidden_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_layers(rngs):
+            return EncoderLayer(config, rngs=rngs)
+
+        self.layers = make_layers(rngs)
+
+    def __call__(self, x, mask, *, key, deterministic: bool):
+        cfg = self.config
+        graphdef, state = nnx.split(self.layers)
+
+        def body(h, xs):
+            layer_state, index = xs
+            layer = nnx.merge(graphdef, layer_state)
+            # The dropout key of layer l is fold_in(key, l): masks are independent across layers.
+            return layer(h, mask, key=jax.random.fold_in(key, index), deterministic=deterministic), None
+
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
+        return x
+
+
+class Pooler(nnx.Module):
+    """tanh(dense) of the [CLS] position, input of the NSP head."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.kernel = _normal(rngs, (config.hidden_size, config.hidden_size), config)  # DD
+        self.bias = _zeros((config.hidden_size,), config)
+
+    def __call__(self, x):
+        dt = self.config.compute_dtype
+        cls = x[:, 0]  # BD
+        return jnp.tanh(jnp.einsum("BD,DE->BE", cls, self.kernel[...].astype(dt)) + self.bias[...].astype(dt))
+
+
+class MLMHead(nnx.Module):
+    """Dense + GELU + layernorm, then the decoder tied to the word embeddings plus an output bias."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        d = config.hidden_size
+        self.kernel = _normal(rngs, (d, d), config)  # DD
+        self.bias = _zeros((d,), config)
+        self.layer_norm = LayerNormParams(config)
+        self.output_bias = _zeros((config.vocab_size,), config)  # V
+
+    def __call__(self, x, word_embeddings):
+        """x: (B, P, D) hidden states; returns float32 logits (B, P, V)."""
+        cfg, dt = self.config, self.config.compute_dtype
+        f = ops.select(cfg.kernels)
+        h = f.bias_gelu(jnp.einsum("BPD,DE->BPE", x, self.kernel[...].astype(dt)), self.bias[...])
+        h = f.layer_norm(h, self.layer_norm.scale[...], self.layer_norm.bias[...], eps=cfg.layer_norm_eps)
+        logits = jnp.einsum("BPD,VD->BPV", h, word_embeddings.astype(dt), preferred_element_type=jnp.float32)
+        return logits + self.output_bias[...].astype(jnp.float32)
+
+
+class NSPHead(nnx.Module):
+    """Two-way classifier on the pooled [CLS] state (0: B follows A, 1: B is random, as Hugging Face)."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.kernel = _normal(rngs, (config.hidden_size, 2), config)
+        self.bias = _zeros((2,), config)
+
+    def __call__(self, pooled):
+        dt = self.config.compute_dtype
+        logits = jnp.einsum("BD,DK->BK", pooled, self.kernel[...].astype(dt), preferred_element_type=jnp.float32)
+        return logits + self.bias[...].astype(jnp.float32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PreTrainingOutput:
+    """Outputs of `BertForPreTraining`: float32 `mlm_logits` (B, P, V) or (B, S, V), float32 `nsp_logits` (B, 2),
+    and the final hidden states (B, S, D) in the compute dtype."""
+
+    mlm_logits: jax.Array
+    nsp_logits: jax.Array
+    hidden_states: jax.Array
+
+
+class BertForPreTraining(nnx.Module):
+    """BERT with its masked-language-model and next-sentence-prediction heads.
+
+    Build with `BertForPreTraining(config, rngs=nnx.Rngs(seed))`. Dropout draws its keys from the `dropout`
+    stream of those rngs (falling back to the default stream), or from an explicit `dropout_key`.
+    """
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        ops.select(config.kernels)  # fail early, naming the missing operator, if the kernels are unavailable
+        self.config = config
+        self.embeddings = Embeddings(config, rngs=rngs)
+        self.encoder = Encoder(config, rngs=rngs)
+        self.pooler = Pooler(config, rngs=rngs)
+        self.mlm_head = MLMHead(config, rngs=rngs)
+        self.nsp_head = NSPHead(config, rngs=rngs)
+        self.dropout_rngs = rngs["dropout"].fork()
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, masked_positions=None, *,
+                 deterministic: bool = True, dropout_key: Optional[jax.Array] = None) -> PreTrainingOutput:
+        """Run the model.
+
+        Args:
+          input_ids: (B, S) int token ids.
+          token_type_ids: (B, S) segment ids (default all 0).
+          attention_mask: (B, S), 1 (True) at real tokens and 0 at padding (default all real).
+          masked_positions: optional (B, P) positions at which to run the MLM head; without it, every position.
+          deterministic: True disables dropout (evaluation).
+          dropout_key: optional PRNG key for dropout; by default one is drawn from the model's `dropout` stream.
+        """
+        cfg = self.config
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be (batch, seq), got shape {input_ids.shape}")
+        b, s = input_ids.shape
+        if s > cfg.max_position_embeddings:
+            raise ValueError(f"sequence length {s} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, s), jnp.bool_)
+        mask = attention_mask.astype(jnp.bool_)
+
+        if deterministic:
+            key = jax.random.key(0)  # unused: every dropout rate is 0
+        else:
+            key = self.dropout_rngs() if dropout_key is None else dropout_key
+        emb_key, enc_key = jax.random.split(key)
+        emb_rate = 0.0 if deterministic else cfg.hidden_dropout_prob
+        x = self.embeddings(input_ids, token_type_ids, seed=seed_from_key(emb_key), rate=emb_rate)
+        x = self.encoder(x, mask, key=enc_key, deterministic=deterministic)
+
+        if masked_positions is None:
+            selected = x
+        else:
+            selected = jnp.take_along_axis(x, masked_positions[..., None].astype(jnp.int32), axis=1)  # BPD
+        mlm_logits = self.mlm_head(selected, self.embeddings.word[...])
+        nsp_logits = self.nsp_head(self.pooler(x))
+        return PreTrainingOutput(mlm_logits=mlm_logits, nsp_logits=nsp_logits, hidden_states=x)

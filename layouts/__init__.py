@@ -1,0 +1,1 @@
+"""Layout-annotated einsums and the global layout search (the data-movement issue fills this package)."""

@@ -1,0 +1,157 @@
+"""The Flax BERT: shapes, padding, gradients, dropout, remat and the scan over layers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer import BertConfig, BertForPreTraining
+
+SMALL = dict(vocab_size=97, max_position_embeddings=32)
+
+
+def _inputs(b, s, vocab, seed=0):
+    rng = np.random.RandomState(seed)
+    ids = jnp.asarray(rng.randint(0, vocab, (b, s)), jnp.int32)
+    types = jnp.asarray(rng.randint(0, 2, (b, s)), jnp.int32)
+    mask = np.ones((b, s), np.int32)
+    mask[0, s // 2:] = 0  # the first sequence is half padding
+    return ids, types, jnp.asarray(mask)
+
+
+@pytest.fixture(scope="module")
+def tiny32():
+    return BertForPreTraining(BertConfig.preset("tiny", dtype="float32", **SMALL), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("name", ["tiny", "mini"])
+def test_preset_shapes_run(name):
+    cfg = BertConfig.preset(name)
+    model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+    ids, types, mask = _inputs(2, 16, cfg.vocab_size)
+    out = model(ids, types, mask)
+    assert out.mlm_logits.shape == (2, 16, cfg.vocab_size) and out.mlm_logits.dtype == jnp.float32
+    assert out.nsp_logits.shape == (2, 2) and out.hidden_states.shape == (2, 16, cfg.hidden_size)
+    assert out.hidden_states.dtype == jnp.bfloat16
+    assert np.isfinite(np.asarray(out.mlm_logits)).all()
+    out = model(ids, types, mask, masked_positions=jnp.array([[1, 3, 5], [0, 2, 4]]))
+    assert out.mlm_logits.shape == (2, 3, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("name", ["base", "large"])
+def test_large_preset_shapes_abstract(name):
+    """base/large are checked abstractly (no memory, no compile): shapes and dtypes of a full forward."""
+    cfg = BertConfig.preset(name)
+
+    def run(ids, types, mask, positions):
+        model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+        return model(ids, types, mask, positions)
+
+    spec = jax.ShapeDtypeStruct
+    out = jax.eval_shape(run, spec((2, 16), jnp.int32), spec((2, 16), jnp.int32), spec((2, 16), jnp.int32),
+                         spec((2, 4), jnp.int32))
+    assert out.mlm_logits.shape == (2, 4, 30522) and out.nsp_logits.shape == (2, 2)
+    assert out.hidden_states.shape == (2, 16, cfg.hidden_size)
+
+
+def test_masked_positions_select_the_full_logits(tiny32):
+    ids, types, mask = _inputs(2, 12, 97)
+    full = tiny32(ids, types, mask).mlm_logits
+    pos = jnp.array([[0, 5, 11], [2, 2, 7]])
+    part = tiny32(ids, types, mask, masked_positions=pos).mlm_logits
+    np.testing.assert_allclose(part, jnp.take_along_axis(full, pos[..., None], axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_padding_does_not_change_real_positions(tiny32):
+    ids, types, mask = _inputs(2, 12, 97)
+    out = tiny32(ids, types, mask)
+    ids2 = ids.at[0, 6:].set((ids[0, 6:] + 13) % 97)  # change only the padded tokens of sequence 0
+    out2 = tiny32(ids2, types, mask)
+    np.testing.assert_allclose(out.hidden_states[0, :6], out2.hidden_states[0, :6], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.nsp_logits, out2.nsp_logits, rtol=1e-5, atol=1e-6)
+    # ... while the padded positions themselves did change (the test could fail).
+    assert not np.allclose(out.hidden_states[0, 6:], out2.hidden_states[0, 6:])
+
+
+def test_fp32_gradient_matches_finite_differences(tiny32):
+    ids, types, mask = _inputs(2, 8, 97)
+    graphdef, params, rest = nnx.split(tiny32, nnx.Param, ...)
+    w = jax.random.normal(jax.random.key(7), (2, 8, 97))
+
+    def loss(p):
+        out = nnx.merge(graphdef, p, rest)(ids, types, mask)
+        return jnp.sum(out.mlm_logits * w) / 100 + jnp.sum(out.nsp_logits)
+
+    loss = jax.jit(loss)
+    grads = jax.jit(jax.grad(loss))(params)
+    leaves = jax.tree.leaves(params)
+    keys = jax.random.split(jax.random.key(8), len(leaves))
+    direction = jax.tree.unflatten(jax.tree.structure(params),
+                                   [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+    norm = jnp.sqrt(sum(jnp.sum(d * d) for d in jax.tree.leaves(direction)))
+    direction = jax.tree.map(lambda d: d / norm, direction)
+    eps = 1e-2
+    plus = loss(jax.tree.map(lambda p, d: p + eps * d, params, direction))
+    minus = loss(jax.tree.map(lambda p, d: p - eps * d, params, direction))
+    numeric = (plus - minus) / (2 * eps)
+    analytic = sum(jnp.sum(g * d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
+    assert abs(float(analytic)) > 1e-3  # a meaningful directional derivative
+    np.testing.assert_allclose(float(analytic), float(numeric), rtol=2e-3)
+
+
+def test_dropout_on_vs_off():
+    cfg = BertConfig.preset("tiny", dtype="float32", **SMALL)
+    model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+    ids, types, mask = _inputs(2, 12, 97)
+    off1, off2 = model(ids, types, mask), model(ids, types, mask)
+    np.testing.assert_array_equal(off1.hidden_states, off2.hidden_states)
+    on1 = model(ids, types, mask, deterministic=False)
+    on2 = model(ids, types, mask, deterministic=False)  # the model's dropout stream advanced: a new mask
+    assert not np.allclose(on1.hidden_states, off1.hidden_states, atol=1e-3)
+    assert not np.allclose(on1.hidden_states, on2.hidden_states, atol=1e-3)
+    key = jax.random.key(11)
+    a = model(ids, types, mask, deterministic=False, dropout_key=key)
+    b = model(ids, types, mask, deterministic=False, dropout_key=key)
+    np.testing.assert_array_equal(a.hidden_states, b.hidden_states)
+    # Rate 0 with deterministic=False equals evaluation mode.
+    cfg0 = cfg.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model0 = BertForPreTraining(cfg0, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(model0(ids, types, mask, deterministic=False).hidden_states,
+                               off1.hidden_states, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_same_values_and_gradients(remat):
+    cfg = BertConfig.preset("tiny", dtype="float32", **SMALL)
+    ids, types, mask = _inputs(2, 8, 97)
+
+    def grads(c):
+        model = BertForPreTraining(c, rngs=nnx.Rngs(0))
+        return nnx.grad(lambda m: jnp.sum(m(ids, types, mask).mlm_logits ** 2))(model)
+
+    g0, g1 = grads(cfg), grads(cfg.replace(remat=remat))
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_program_size_does_not_grow_with_depth():
+    """The layers run in a scan: the traced program of 2 and 12 layers has the same number of equations."""
+    ids, types, mask = _inputs(1, 8, 97)
+
+    def n_eqns(layers):
+        cfg = BertConfig.preset("tiny", num_hidden_layers=layers, **SMALL)
+        model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        jaxpr = jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(ids, types, mask).mlm_logits)(state)
+        return len(jaxpr.jaxpr.eqns)
+
+    assert n_eqns(2) == n_eqns(12)
+
+
+def test_invalid_inputs_are_named():
+    model = BertForPreTraining(BertConfig.preset("tiny", **SMALL), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="max_position_embeddings=32"):
+        model(jnp.zeros((1, 40), jnp.int32))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(jnp.zeros((40,), jnp.int32))
