@@ -141,3 +141,87 @@ class BertConfig:
     def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+OPTIMIZERS = ("adamw", "lamb")
+SCHEDULES = ("linear", "polynomial")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything `python train.py` takes, with the command line's names and defaults.
+
+    `batch_size` is global (over all devices); `dropout` overrides both dropout probabilities of the model when
+    set (0 makes a run deterministic); `out=None` means `runs/<timestamp>`.
+    """
+
+    config: str = "tiny"
+    data: tuple[str, ...] | None = None
+    vocab: str | None = None
+    vocab_size: int | None = None
+    seq_len: int = 128
+    max_predictions: int | None = None
+    batch_size: int = 32
+    steps: int = 600
+    lr: float = 1e-3
+    warmup_steps: int = 60
+    schedule: str = "linear"
+    optimizer: str = "adamw"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    dropout: float | None = None
+    seed: int = 0
+    out: str | None = None
+    resume: bool = False
+    eval_every: int = 200
+    eval_batches: int = 20
+    save_every: int = 200
+    log_every: int = 20
+    kernels: str = "xla"
+    dtype: str = "bfloat16"
+    remat: str = "none"
+    profile_steps: tuple[int, int] | None = None
+    dump_hlo: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.data, (list, str)):
+            object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str) else tuple(self.data))
+        positive = ("seq_len", "batch_size", "steps", "eval_every", "save_every", "log_every", "eval_batches")
+        for field in positive:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{field}={value!r} must be a positive integer")
+        if self.seq_len < 8:
+            raise ValueError(f"seq_len={self.seq_len} must be at least 8")
+        if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):
+            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be a non-negative integer")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr={self.lr!r} must be a positive number")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout!r} must be a probability in [0, 1)")
+        if self.weight_decay < 0 or self.clip_norm < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} and clip_norm={self.clip_norm} must be >= 0")
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} must be >= 0")
+        if self.profile_steps is not None:
+            a, b = self.profile_steps
+            if not 0 <= a < b:
+                raise ValueError(f"profile_steps={a}:{b} must satisfy 0 <= A < B")
+        # Model-side values are validated by BertConfig itself (before anything is compiled).
+        self.model_config(vocab_size=self.vocab_size or 30522)
+
+    def model_config(self, vocab_size: int) -> BertConfig:
+        """The BertConfig of this run: the preset with the tokenizer's vocab size and the overrides."""
+        overrides = dict(vocab_size=vocab_size, dtype=self.dtype, kernels=self.kernels, remat=self.remat)
+        if self.dropout is not None:
+            overrides.update(hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)
+        cfg = BertConfig.preset(self.config, **overrides)
+        if self.seq_len > cfg.max_position_embeddings:
+            raise ValueError(f"seq_len={self.seq_len} exceeds the position table "
+                             f"(max_position_embeddings={cfg.max_position_embeddings})")
+        return cfg

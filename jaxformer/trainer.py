@@ -1,0 +1,323 @@
+"""Pre-training: the train state, the jit-compiled train and eval steps, and the training loop.
+
+A batch's path: `data.PretrainingData.train_batches` (host, background thread) -> `Prefetcher` -> `train_step`
+(one jit: forward, MLM + NSP losses, gradients, optax update) -> `TrainState`. The state holds the float32
+parameters as a plain dict, the optimizer state, the step and the dropout key, so it checkpoints as one pytree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from .config import BertConfig, TrainConfig
+from .data import DataConfig, Prefetcher, PretrainingData, builtin_corpus, load_or_train_tokenizer
+from .model import BertForPreTraining
+from .outputs import CheckpointError, Checkpointer, MetricsWriter, plot_losses
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    """step: int32 (); params: dict of float32 arrays; opt_state: optax state; rng: uint32[2] raw dropout key;
+    bad_step: int32 (), the first step whose loss was not finite (-1 if none; those updates are skipped)."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    bad_step: jax.Array
+
+
+def learning_rate_schedule(tc: TrainConfig) -> optax.Schedule:
+    """Linear warm-up to `lr`, then linear (or polynomial, power 2) decay to 0 at `steps`."""
+    warmup = min(tc.warmup_steps, tc.steps - 1)
+    decay = optax.polynomial_schedule(tc.lr, 0.0, power=1.0 if tc.schedule == "linear" else 2.0,
+                                      transition_steps=max(tc.steps - warmup, 1))
+    if warmup == 0:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, tc.lr, warmup), decay], [warmup])
+
+
+def _decay_mask(params):
+    """Weight decay for weight matrices and embeddings only: not biases, not layernorm scales and biases."""
+    def wants_decay(path, _):
+        names = [getattr(p, "key", str(p)) for p in path]
+        return not (names[-1].endswith("bias") or "layer_norm" in names)
+    return jax.tree_util.tree_map_with_path(wants_decay, params)
+
+
+def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+    """AdamW or LAMB (BERT's hyper-parameters) after clipping by global norm."""
+    schedule = learning_rate_schedule(tc)
+    if tc.optimizer == "adamw":
+        opt = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
+    else:
+        opt = optax.lamb(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
+    return optax.chain(optax.clip_by_global_norm(tc.clip_norm), opt) if tc.clip_norm else opt
+
+
+def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32)."""
+    logits = out.mlm_logits.astype(jnp.float32)  # BPV
+    labels, weights = batch["masked_labels"], batch["masked_weights"]
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    n_masked = jnp.maximum(jnp.sum(weights), 1.0)
+    mlm_loss = jnp.sum((logz - label_logit) * weights) / n_masked
+    mlm_correct = jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
+    nsp_logits = out.nsp_logits.astype(jnp.float32)
+    nsp_loss = jnp.mean(jax.nn.logsumexp(nsp_logits, -1)
+                        - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0])
+    nsp_correct = jnp.sum(jnp.argmax(nsp_logits, -1) == batch["nsp_labels"])
+    metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
+                   mlm_correct=mlm_correct, n_masked=jnp.sum(weights), nsp_correct=nsp_correct,
+                   n_seq=jnp.asarray(labels.shape[0], jnp.float32))
+    return mlm_loss + nsp_loss, metrics
+
+
+def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None):
+    model = nnx.merge(graphdef, params, rest)
+    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
+                 deterministic=deterministic, dropout_key=dropout_key)
+
+
+class Steps:
+    """The compiled train and eval steps of one model and optimizer (the model's structure is static)."""
+
+    def __init__(self, model: BertForPreTraining, tx: optax.GradientTransformation, tc: TrainConfig):
+        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+        self.params = nnx.to_pure_dict(params)
+        self.tx, self.tc = tx, tc
+        self.schedule = learning_rate_schedule(tc)
+        self.train_step = jax.jit(self._train_step, donate_argnums=0)
+        self.eval_step = jax.jit(self._eval_step)
+
+    def init_state(self, seed: int) -> TrainState:
+        return TrainState(step=jnp.zeros((), jnp.int32), params=self.params, opt_state=self.tx.init(self.params),
+                          rng=jax.random.key_data(jax.random.key(seed)), bad_step=jnp.full((), -1, jnp.int32))
+
+    def _train_step(self, state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        rng, dropout_key = jax.random.split(jax.random.wrap_key_data(state.rng))
+
+        def loss_fn(params):
+            out = _forward(self.graphdef, self.rest, params, batch, deterministic=False, dropout_key=dropout_key)
+            return pretraining_losses(out, batch)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(loss)
+        # A non-finite loss leaves parameters and optimizer state untouched and records the step.
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        metrics.update(grad_norm=optax.global_norm(grads), lr=self.schedule(state.step))
+        new = TrainState(step=state.step + 1, params=keep(params, state.params),
+                         opt_state=keep(opt_state, state.opt_state), rng=jax.random.key_data(rng),
+                         bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step))
+        return new, metrics
+
+    def _eval_step(self, params, batch) -> dict[str, jax.Array]:
+        out = _forward(self.graphdef, self.rest, params, batch, deterministic=True)
+        _, metrics = pretraining_losses(out, batch)
+        return metrics
+
+
+def evaluate(steps: Steps, params, batches) -> dict[str, float]:
+    """MLM loss and accuracy over all masked positions, NSP accuracy over all sequences of `batches`."""
+    totals: dict[str, float] = {}
+    for batch in batches:
+        m = jax.device_get(steps.eval_step(params, batch))
+        for k in ("mlm_correct", "n_masked", "nsp_correct", "n_seq"):
+            totals[k] = totals.get(k, 0.0) + float(m[k])
+        totals["mlm_loss_sum"] = totals.get("mlm_loss_sum", 0.0) + float(m["mlm_loss"]) * float(m["n_masked"])
+    return dict(eval_mlm_loss=totals["mlm_loss_sum"] / max(totals["n_masked"], 1.0),
+                eval_mlm_acc=totals["mlm_correct"] / max(totals["n_masked"], 1.0),
+                eval_nsp_acc=totals["nsp_correct"] / max(totals["n_seq"], 1.0))
+
+
+def host_metrics(m: dict[str, Any]) -> dict[str, float]:
+    """Loggable floats from a train step's device metrics."""
+    m = jax.device_get(m)
+    out = {k: float(m[k]) for k in ("loss", "mlm_loss", "nsp_loss", "grad_norm", "lr")}
+    out["mlm_acc"] = float(m["mlm_correct"]) / max(float(m["n_masked"]), 1.0)
+    out["nsp_acc"] = float(m["nsp_correct"]) / max(float(m["n_seq"]), 1.0)
+    return out
+
+
+def build_model(cfg: BertConfig, seed: int) -> BertForPreTraining:
+    # Build under jit: one compile instead of hundreds of small eager dispatches.
+    return nnx.jit(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1)))()
+
+
+def is_finite(x) -> bool:
+    return math.isfinite(float(np.asarray(x)))
+
+
+# ----------------------------------------------------------------------------------------------- the loop
+class TrainingStopped(RuntimeError):
+    """Training stopped early for a reason the user must hear (non-finite loss, Ctrl-C); exit status 2."""
+
+
+def _resolve_out(tc: TrainConfig) -> Path:
+    if tc.out is not None:
+        return Path(tc.out)
+    runs = Path("runs")
+    if tc.resume:  # resume the most recent run
+        previous = sorted(p for p in runs.glob("*") if (p / "checkpoints").is_dir()) if runs.is_dir() else []
+        if not previous:
+            raise CheckpointError("--resume without --out found no earlier run under runs/")
+        return previous[-1]
+    return runs / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _config_diff(saved: dict, current: dict) -> list[str]:
+    return [f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}"
+            for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+
+
+def train(tc: TrainConfig, log=print) -> dict[str, Any]:
+    """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled."""
+    out = _resolve_out(tc)
+    ckpt_dir = out / "checkpoints"
+    if tc.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
+        raise CheckpointError(f"--resume: no checkpoint under {ckpt_dir}")
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Data first: every data error surfaces before the model is built or compiled.
+    paths = tc.data if tc.data is not None else builtin_corpus()
+    if tc.data is None:
+        log(f"data: built-in corpus (Python standard library docs) at {paths}")
+    vocab = tc.vocab
+    if vocab is None and tc.resume and (out / "tokenizer.json").exists():
+        vocab = out / "tokenizer.json"
+    tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 8192, save_dir=out)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if tc.vocab is not None and tc.vocab_size is not None and vocab_size != tc.vocab_size:
+        raise ValueError(f"--vocab {tc.vocab} has {vocab_size} tokens but vocab_size={tc.vocab_size} was fixed")
+    data = PretrainingData(DataConfig(paths=paths, seq_len=tc.seq_len, max_predictions_per_seq=tc.max_predictions,
+                                      seed=tc.seed), tokenizer)
+    if data.stats.undecodable_lines:
+        log(f"data: skipped {data.stats.undecodable_lines} lines with undecodable bytes")
+    cfg = tc.model_config(vocab_size)
+    n_dev = jax.device_count()
+    if tc.batch_size % n_dev:
+        raise ValueError(f"batch_size={tc.batch_size} is not divisible by the device count ({n_dev})")
+    steps_per_epoch = data.steps_per_epoch(tc.batch_size)
+    log(f"data: {data.num_train_examples} training / {data.num_eval_examples} eval examples "
+        f"({steps_per_epoch} steps per epoch), vocab {vocab_size}, seq_len {tc.seq_len}")
+
+    ckpt = Checkpointer(ckpt_dir)
+    start = 0
+    meta = dict(model_config=cfg.to_dict(), train_config=dataclasses.asdict(tc))
+    if tc.resume:
+        start = ckpt.latest_step()
+        if start is None:
+            raise CheckpointError(f"--resume: no complete checkpoint under {ckpt_dir}")
+        diff = _config_diff(ckpt.read_meta(start)["model_config"], meta["model_config"])
+        if diff:
+            raise CheckpointError("--resume: the checkpoint is of a different model config: " + "; ".join(diff))
+        if start >= tc.steps:
+            raise ValueError(f"--resume: the checkpoint is at step {start}, not below --steps {tc.steps}")
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    steps = Steps(build_model(cfg, tc.seed), make_optimizer(tc), tc)
+    state = jax.device_put(steps.init_state(tc.seed), replicated)
+    if tc.resume:
+        state = ckpt.restore(start, state)
+        log(f"resumed from {ckpt_dir / str(start)} at step {start}")
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={cfg.kernels}) on "
+        f"{n_dev} {jax.devices()[0].platform} device(s); {tc.optimizer}, lr {tc.lr}, batch {tc.batch_size}")
+
+    eval_batches = [jax.device_put(b, batch_sharding) for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
+    baseline = data.most_frequent_token_baseline
+    on_device = (jax.device_put(b, batch_sharding) for b in data.train_batches(tc.batch_size, start))
+    batches = Prefetcher(on_device, depth=2)
+    writer = MetricsWriter(out)
+    stop = _StopFlag()
+    summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=baseline)
+    last_eval: dict[str, float] = {}
+    progress = tqdm(total=tc.steps, initial=start, disable=not tc.progress, dynamic_ncols=True, unit="step")
+    step, tick, tick_step, wait0, recent = start, time.perf_counter(), start, 0.0, {}
+    try:
+        if tc.dump_hlo:
+            hlo = steps.train_step.lower(state, eval_batches[0]).compile().as_text()
+            (out / "train_step.hlo.txt").write_text(hlo)
+            log(f"wrote the optimized HLO of the train step to {out / 'train_step.hlo.txt'}")
+        while step < tc.steps:
+            if tc.profile_steps and step == tc.profile_steps[0]:
+                jax.profiler.start_trace(str(out / "profile"))
+            state, metrics = steps.train_step(state, next(batches))
+            step += 1
+            progress.update(1)
+            if tc.profile_steps and step == tc.profile_steps[1]:
+                jax.block_until_ready(state)
+                jax.profiler.stop_trace()
+                log(f"wrote a profiler trace of steps {tc.profile_steps[0]}:{step} to {out / 'profile'}")
+            if step % tc.log_every == 0 or step == tc.steps or stop.requested:
+                recent = host_metrics(metrics)  # syncs: the time below covers the device work
+                bad = int(state.bad_step)
+                if bad >= 0:
+                    raise TrainingStopped(f"non-finite loss at step {bad + 1}; stopped without saving it "
+                                          f"(last good checkpoint: step {ckpt.latest_step()})")
+                now = time.perf_counter()
+                record = dict(step=step, **recent, seq_per_s=(step - tick_step) * tc.batch_size / (now - tick),
+                              data_wait_s=batches.wait_seconds - wait0)
+                tick, tick_step, wait0 = now, step, batches.wait_seconds
+                writer.write(record)
+                progress.set_postfix(loss=f"{recent['loss']:.3f}", seq_s=f"{record['seq_per_s']:.0f}")
+            if step % tc.eval_every == 0 or step == tc.steps:
+                last_eval = evaluate(steps, state.params, eval_batches)
+                writer.write(dict(step=step, **last_eval))
+                progress.write(f"step {step}: eval mlm loss {last_eval['eval_mlm_loss']:.3f}, "
+                               f"mlm acc {last_eval['eval_mlm_acc']:.3f}, nsp acc {last_eval['eval_nsp_acc']:.3f}")
+            if step % tc.save_every == 0 or step == tc.steps or stop.requested:
+                ckpt.save(step, state, dict(meta, step=step))
+            if stop.requested:
+                raise TrainingStopped(f"interrupted: saved a checkpoint at step {step} in {ckpt_dir}; "
+                                      f"continue with: python train.py --out {out} --resume")
+    finally:
+        stop.restore()
+        progress.close()
+        batches.close()
+        writer.close()
+        ckpt.close()
+        plot = plot_losses(out / "metrics.jsonl", out / "loss.png")
+    summary.update(step=step, **{f"final_{k}": v for k, v in recent.items()}, **last_eval,
+                   data_wait_s=batches.wait_seconds, plot=str(plot) if plot else None,
+                   checkpoint=str(ckpt_dir / str(step)))
+    return summary
+
+
+class _StopFlag:
+    """The first Ctrl-C asks the loop to save and stop after the current step; a second one aborts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
