@@ -66,7 +66,8 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
         opt = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
     else:
         opt = optax.lamb(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
-    return optax.chain(optax.clip_by_global_norm(tc.clip_norm), opt) if tc.clip_norm else opt
+    # Always the same chain (clip_norm 0 clips at infinity), so checkpoints restore across clip settings.
+    return optax.chain(optax.clip_by_global_norm(tc.clip_norm or float("inf")), opt)
 
 
 def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -122,7 +123,7 @@ class Steps:
         finite = jnp.isfinite(loss)
         # A non-finite loss leaves parameters and optimizer state untouched and records the step.
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        metrics.update(grad_norm=optax.global_norm(grads), lr=self.schedule(state.step))
+        metrics.update(grad_norm=optax.tree.norm(grads), lr=self.schedule(state.step))
         new = TrainState(step=state.step + 1, params=keep(params, state.params),
                          opt_state=keep(opt_state, state.opt_state), rng=jax.random.key_data(rng),
                          bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step))
@@ -203,6 +204,8 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     if vocab is None and tc.resume and (out / "tokenizer.json").exists():
         vocab = out / "tokenizer.json"
     tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 8192, save_dir=out)
+    if vocab is not None and Path(vocab).resolve() != (out / "tokenizer.json").resolve():
+        tokenizer.save(str(out / "tokenizer.json"))  # the run's tokenizer always lives in --out (and resumes)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     if tc.vocab is not None and tc.vocab_size is not None and vocab_size != tc.vocab_size:
         raise ValueError(f"--vocab {tc.vocab} has {vocab_size} tokens but vocab_size={tc.vocab_size} was fixed")
@@ -225,9 +228,13 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         start = ckpt.latest_step()
         if start is None:
             raise CheckpointError(f"--resume: no complete checkpoint under {ckpt_dir}")
-        diff = _config_diff(ckpt.read_meta(start)["model_config"], meta["model_config"])
+        saved = ckpt.read_meta(start)
+        diff = _config_diff(saved["model_config"], meta["model_config"])
         if diff:
             raise CheckpointError("--resume: the checkpoint is of a different model config: " + "; ".join(diff))
+        if saved["train_config"]["optimizer"] != tc.optimizer:
+            raise CheckpointError(f"--resume: the checkpoint's optimizer is {saved['train_config']['optimizer']!r}, "
+                                  f"not optimizer={tc.optimizer!r}")
         if start >= tc.steps:
             raise ValueError(f"--resume: the checkpoint is at step {start}, not below --steps {tc.steps}")
 

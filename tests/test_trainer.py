@@ -1,0 +1,157 @@
+"""train.py end to end on a small synthetic corpus: outputs, resume equivalence and every bad input."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = ("the cat dog bird sees likes finds a red blue small big house tree river stone walks runs "
+         "over under near quickly slowly and but then green old new").split()
+
+
+def write_corpus(path: Path, docs: int = 60, seed: int = 0) -> Path:
+    rng = np.random.RandomState(seed)
+    lines = []
+    for _ in range(docs):
+        for _ in range(rng.randint(4, 9)):
+            lines.append(" ".join(rng.choice(WORDS, rng.randint(5, 12))).capitalize() + ".")
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+
+
+def args(corpus, out, *extra):
+    return ["--data", str(corpus), "--out", str(out), "--seq-len", "32", "--batch-size", "8",
+            "--vocab-size", "64", "--steps", "6", "--log-every", "1", "--eval-every", "3", "--save-every", "3",
+            "--eval-batches", "2", "--warmup-steps", "2", "--no-progress", *extra]
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cli_writes_metrics_checkpoints_plot(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(args(corpus, out, "--steps", "8", "--lr", "3e-3")) == 0
+    records = metrics(out)
+    train_lines = [r for r in records if "loss" in r]
+    eval_lines = [r for r in records if "eval_mlm_loss" in r]
+    assert [r["step"] for r in train_lines] == list(range(1, 9))
+    for r in train_lines:
+        assert {"step", "loss", "mlm_loss", "nsp_loss", "lr", "seq_per_s"} <= set(r)
+        assert np.isfinite(r["loss"]) and r["seq_per_s"] > 0
+        assert abs(r["loss"] - r["mlm_loss"] - r["nsp_loss"]) < 1e-4
+    assert train_lines[0]["lr"] < train_lines[1]["lr"]  # warm-up
+    assert train_lines[-1]["loss"] < train_lines[0]["loss"]  # it learns something
+    assert [r["step"] for r in eval_lines] == [3, 6, 8]
+    assert all(0 <= r["eval_mlm_acc"] <= 1 and 0 <= r["eval_nsp_acc"] <= 1 for r in eval_lines)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["3", "6", "8"]
+    assert (out / "loss.png").stat().st_size > 10_000
+    assert (out / "tokenizer.json").exists()
+    printed = capsys.readouterr().out
+    assert "most-frequent-token baseline" in printed and "--resume" in printed
+
+
+def test_resume_continues_identically(corpus, tmp_path):
+    """With dropout off, the losses after a resume equal the uninterrupted run's, step for step."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert cli.main(args(corpus, full, "--dropout", "0")) == 0
+    # The same tokenizer for both runs: WordPiece training in `tokenizers` is not deterministic across processes.
+    vocab = ["--vocab", str(full / "tokenizer.json")]
+    assert cli.main(args(corpus, part, "--dropout", "0", "--steps", "3", *vocab)) == 0
+    assert cli.main(args(corpus, part, "--dropout", "0", "--resume")) == 0
+    a = {r["step"]: r["loss"] for r in metrics(full) if "loss" in r}
+    b = {r["step"]: r["loss"] for r in metrics(part) if "loss" in r}
+    assert sorted(b) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        assert a[step] == b[step], (step, a[step], b[step])
+
+
+def _expect_error(capsys, argv, needle):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+
+
+def test_bad_inputs_exit_2(corpus, tmp_path, capsys):
+    out = tmp_path / "bad"
+    _expect_error(capsys, args(tmp_path / "missing.txt", out), "missing.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    _expect_error(capsys, args(empty, out), "empty.txt")
+    small = write_corpus(tmp_path / "small.txt", docs=6)
+    _expect_error(capsys, args(small, out, "--batch-size", "512"), "batch_size=512")
+    _expect_error(capsys, args(corpus, out, "--seq-len", "1024"), "seq_len=1024")
+    _expect_error(capsys, args(corpus, out, "--batch-size", "12"), "batch_size=12")  # 8 test devices
+    _expect_error(capsys, args(corpus, tmp_path / "never", "--resume"), "no checkpoint")
+    _expect_error(capsys, args(corpus, out, "--config", "medium"), "medium")
+    _expect_error(capsys, args(corpus, out, "--steps", "0"), "steps=0")
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+def test_vocab_that_does_not_fit(corpus, tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["."]) + "\n")
+    _expect_error(capsys, args(corpus, tmp_path / "v", "--vocab", str(vocab), "--vocab-size", "500"),
+                  "vocab_size=500")
+
+
+def test_resume_with_other_config_and_undecodable_bytes(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_bytes(corpus.read_bytes() + b"\nbad \xff\xfe bytes here.\n\n" + corpus.read_bytes())
+    assert cli.main(args(mixed, out, "--steps", "3")) == 0
+    assert "skipped 1 lines with undecodable bytes" in capsys.readouterr().out
+    _expect_error(capsys, args(mixed, out, "--config", "mini", "--resume"), "num_hidden_layers")
+    assert (out / "checkpoints" / "3").is_dir()  # nothing saved was lost
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, capsys):
+    out = tmp_path / "nan"
+    assert cli.main(args(corpus, out, "--steps", "3", "--save-every", "1")) == 0
+    capsys.readouterr()
+    # A learning rate of 1e30 overflows the parameters on the next update: the loss turns non-finite.
+    assert cli.main(args(corpus, out, "--resume", "--lr", "1e30", "--clip-norm", "0", "--warmup-steps", "0",
+                         "--steps", "9", "--save-every", "1")) == 2
+    err = capsys.readouterr().err
+    match = re.search(r"non-finite loss at step (\d+)", err)
+    assert match, err
+    bad = int(match.group(1))
+    assert 4 <= bad <= 9
+    saved = sorted(int(p.name) for p in (out / "checkpoints").iterdir())
+    assert saved[-1] == bad - 1  # every good step was saved (--save-every 1), the bad one never
+    assert max(saved) >= 3
+
+
+def test_ctrl_c_saves_and_exits_cleanly(corpus, tmp_path):
+    out = tmp_path / "int"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
+                             *args(corpus, out, "--steps", "100000", "--save-every", "100000")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and
+                                          (out / "metrics.jsonl").read_text().count("\n") >= 2):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "interrupted: saved a checkpoint at step" in err
+    assert "Traceback" not in err
+    saved = [p.name for p in (out / "checkpoints").iterdir()]
+    assert len(saved) == 1 and int(saved[0]) >= 2
