@@ -29,13 +29,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="BERT vocab.txt or tokenizer.json; default: train a WordPiece tokenizer on the corpus "
                         "(saved as <out>/tokenizer.json)")
     p.add_argument("--vocab-size", type=int, default=None,
-                   help="size of the tokenizer to train (default 8192); with --vocab, must match it")
+                   help="size of the tokenizer to train (default 4096); with --vocab, must match it")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--max-predictions", type=int, default=None,
                    help="masked positions per sequence (default 15%% of --seq-len)")
     p.add_argument("--batch-size", type=int, default=32, help="global batch size (sequences per step)")
     p.add_argument("--steps", type=int, default=600, help="total training steps")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default per preset: tiny 2e-3, mini 1e-3, base and large 1e-4)")
     p.add_argument("--warmup-steps", type=int, default=60, help="linear warm-up steps")
     p.add_argument("--schedule", choices=("linear", "polynomial"), default="linear", help="decay after warm-up")
     p.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw", help="optimizer")

@@ -144,6 +144,7 @@ class BertConfig:
 
 
 OPTIMIZERS = ("adamw", "lamb")
+DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 SCHEDULES = ("linear", "polynomial")
 
 
@@ -163,7 +164,7 @@ class TrainConfig:
     max_predictions: int | None = None
     batch_size: int = 32
     steps: int = 600
-    lr: float = 1e-3
+    lr: float | None = None  # None: the preset's default (DEFAULT_LR)
     warmup_steps: int = 60
     schedule: str = "linear"
     optimizer: str = "adamw"
@@ -196,7 +197,7 @@ class TrainConfig:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")
         if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):
             raise ValueError(f"warmup_steps={self.warmup_steps!r} must be a non-negative integer")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr!r} must be a positive number")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
@@ -214,6 +215,11 @@ class TrainConfig:
                 raise ValueError(f"profile_steps={a}:{b} must satisfy 0 <= A < B")
         # Model-side values are validated by BertConfig itself (before anything is compiled).
         self.model_config(vocab_size=self.vocab_size or 30522)
+
+    @property
+    def peak_lr(self) -> float:
+        """`lr`, or the preset's default: small models tolerate (and need) larger steps than post-LN BERT-base."""
+        return self.lr if self.lr is not None else DEFAULT_LR.get(self.config, 1e-4)
 
     def model_config(self, vocab_size: int) -> BertConfig:
         """The BertConfig of this run: the preset with the tokenizer's vocab size and the overrides."""

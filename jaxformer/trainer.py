@@ -44,11 +44,11 @@ class TrainState:
 def learning_rate_schedule(tc: TrainConfig) -> optax.Schedule:
     """Linear warm-up to `lr`, then linear (or polynomial, power 2) decay to 0 at `steps`."""
     warmup = min(tc.warmup_steps, tc.steps - 1)
-    decay = optax.polynomial_schedule(tc.lr, 0.0, power=1.0 if tc.schedule == "linear" else 2.0,
+    decay = optax.polynomial_schedule(tc.peak_lr, 0.0, power=1.0 if tc.schedule == "linear" else 2.0,
                                       transition_steps=max(tc.steps - warmup, 1))
     if warmup == 0:
         return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, tc.lr, warmup), decay], [warmup])
+    return optax.join_schedules([optax.linear_schedule(0.0, tc.peak_lr, warmup), decay], [warmup])
 
 
 def _decay_mask(params):
@@ -203,7 +203,7 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     vocab = tc.vocab
     if vocab is None and tc.resume and (out / "tokenizer.json").exists():
         vocab = out / "tokenizer.json"
-    tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 8192, save_dir=out)
+    tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 4096, save_dir=out)
     if vocab is not None and Path(vocab).resolve() != (out / "tokenizer.json").resolve():
         tokenizer.save(str(out / "tokenizer.json"))  # the run's tokenizer always lives in --out (and resumes)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -248,7 +248,7 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         log(f"resumed from {ckpt_dir / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={cfg.kernels}) on "
-        f"{n_dev} {jax.devices()[0].platform} device(s); {tc.optimizer}, lr {tc.lr}, batch {tc.batch_size}")
+        f"{n_dev} {jax.devices()[0].platform} device(s); {tc.optimizer}, lr {tc.peak_lr}, batch {tc.batch_size}")
 
     eval_batches = [jax.device_put(b, batch_sharding) for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
     baseline = data.most_frequent_token_baseline

@@ -75,6 +75,12 @@ def test_padding_does_not_change_real_positions(tiny32):
 
 
 def test_fp32_gradient_matches_finite_differences(tiny32):
+    # Full fp32 matmuls: on GPUs the default precision uses TF32, whose rounding swamps finite differences.
+    with jax.default_matmul_precision("highest"):
+        _check_gradient(tiny32)
+
+
+def _check_gradient(tiny32):
     ids, types, mask = _inputs(2, 8, 97)
     graphdef, params, rest = nnx.split(tiny32, nnx.Param, ...)
     w = jax.random.normal(jax.random.key(7), (2, 8, 97))
@@ -130,9 +136,11 @@ def test_remat_same_values_and_gradients(remat):
         model = BertForPreTraining(c, rngs=nnx.Rngs(0))
         return nnx.grad(lambda m: jnp.sum(m(ids, types, mask).mlm_logits ** 2))(model)
 
-    g0, g1 = grads(cfg), grads(cfg.replace(remat=remat))
+    with jax.default_matmul_precision("highest"):  # no TF32 on GPUs: compare the math, not the rounding
+        g0, g1 = grads(cfg), grads(cfg.replace(remat=remat))
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        # Recomputation may reorder fp32 reductions: compare ||a - b|| / ||b|| (METHOD: fp32 lands far under 1e-3).
+        assert float(jnp.linalg.norm(a - b)) <= 1e-5 * float(jnp.linalg.norm(b)) + 1e-7
 
 
 def test_program_size_does_not_grow_with_depth():

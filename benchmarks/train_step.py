@@ -1,0 +1,77 @@
+"""Throughput of the jaxformer train step (forward, backward, AdamW update) on synthetic batches.
+
+    PYTHONPATH=. python benchmarks/train_step.py --config large --seq-len 128 --batch-size 64
+
+Times `--steps` back-to-back steps after `--warmup` (the steps chain through the donated state, so the device
+never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.config import TrainConfig
+from jaxformer.trainer import Steps, build_model, make_optimizer
+
+
+def synthetic_batch(vocab, b, s, p, seed=0):
+    rng = np.random.RandomState(seed)
+    return dict(input_ids=jnp.asarray(rng.randint(5, vocab, (b, s)), jnp.int32),
+                token_type_ids=jnp.asarray((np.arange(s) >= s // 2) * np.ones((b, 1)), jnp.int32),
+                attention_mask=jnp.ones((b, s), jnp.int32),
+                masked_positions=jnp.asarray(np.sort(rng.choice(s, (b, p)), axis=1), jnp.int32),
+                masked_labels=jnp.asarray(rng.randint(5, vocab, (b, p)), jnp.int32),
+                masked_weights=jnp.ones((b, p), jnp.float32),
+                nsp_labels=jnp.asarray(rng.randint(0, 2, (b,)), jnp.int32))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="large")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--kernels", default="xla")
+    ap.add_argument("--dropout", type=float, default=None)
+    ap.add_argument("--remat", default="none")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
+                     dropout=a.dropout, remat=a.remat, steps=1000, warmup_steps=10)
+    cfg = tc.model_config(30522)
+    steps = Steps(build_model(cfg, 0), make_optimizer(tc), tc)
+    state = steps.init_state(0)
+    p = max(1, round(0.15 * a.seq_len))
+    batches = [synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed) for seed in range(4)]
+    t0 = time.perf_counter()
+    state, m = steps.train_step(state, batches[0])
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    for i in range(a.warmup):
+        state, m = steps.train_step(state, batches[i % 4])
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(a.repeats):
+        t = time.perf_counter()
+        for i in range(a.steps):
+            state, m = steps.train_step(state, batches[i % 4])
+        jax.block_until_ready((state, m))
+        times.append((time.perf_counter() - t) / a.steps)
+    step_s = statistics.median(times)
+    stats = jax.devices()[0].memory_stats() or {}
+    result = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config, seq_len=a.seq_len,
+                  batch_size=a.batch_size, kernels=a.kernels, dropout=cfg.hidden_dropout_prob, remat=a.remat,
+                  ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,
+                  spread_ms=[round(x * 1e3, 2) for x in times], loss=float(m["loss"]),
+                  peak_memory_gib=stats.get("peak_bytes_in_use", 0) / 2**30)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
