@@ -137,7 +137,7 @@ def _check_tensors(tensors: dict[str, _Array], expected: dict[str, tuple[int, ..
 
 def _hf_layout(cfg: BertConfig) -> dict[str, tuple[tuple, Callable | None, Callable | None, tuple[int, ...], str]]:
     """HF key -> (jaxformer path, to_jax, to_hf, HF shape, group). One entry per layer for the encoder."""
-    d, n, h, f = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.intermediate_size
+    d, f = cfg.hidden_size, cfg.intermediate_size
     shapes = {
         "bert.embeddings.word_embeddings.weight": (cfg.vocab_size, d),
         "bert.embeddings.position_embeddings.weight": (cfg.max_position_embeddings, d),

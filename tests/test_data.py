@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import jaxformer.data as data_module
+import jaxformer.corpus as corpus_module
 from jaxformer.data import (SPECIAL_TOKENS, CorpusStats, DataConfig, DataError, PretrainingData,
                             Prefetcher, builtin_corpus, iter_documents, load_or_train_tokenizer,
                             special_token_ids, split_sentences)
@@ -157,7 +157,7 @@ def test_unreadable_file_error(tmp_path, monkeypatch):
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(data_module, "open", denied, raising=False)  # root ignores chmod
+    monkeypatch.setattr(corpus_module, "open", denied, raising=False)  # root ignores chmod
     with pytest.raises(DataError, match="cannot read corpus file .*locked.txt: Permission denied"):
         list(iter_documents(tmp_path / "locked.txt"))
 
