@@ -8,7 +8,6 @@ parameters as a plain dict, the optimizer state, the step and the dropout key, s
 from __future__ import annotations
 
 import dataclasses
-import math
 import signal
 import threading
 import time
@@ -160,10 +159,6 @@ def host_metrics(m: dict[str, Any]) -> dict[str, float]:
 def build_model(cfg: BertConfig, seed: int) -> BertForPreTraining:
     # Build under jit: one compile instead of hundreds of small eager dispatches.
     return nnx.jit(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1)))()
-
-
-def is_finite(x) -> bool:
-    return math.isfinite(float(np.asarray(x)))
 
 
 # ----------------------------------------------------------------------------------------------- the loop
