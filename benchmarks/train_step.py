@@ -45,8 +45,10 @@ def main():
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
                      dropout=a.dropout, remat=a.remat, steps=1000, warmup_steps=10)
     cfg = tc.model_config(30522)
-    steps = Steps(build_model(cfg, 0), make_optimizer(tc), tc)
-    state = steps.init_state(0)
+    model = build_model(cfg, 0)
+    steps = Steps(model, make_optimizer(tc), tc)
+    state = steps.init_state(model, 0)
+    del model
     p = max(1, round(0.15 * a.seq_len))
     batches = [synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed) for seed in range(4)]
     t0 = time.perf_counter()

@@ -37,6 +37,13 @@ def _dtype_name(field: str, value: Any) -> str:
     return name
 
 
+def _require_positive_ints(obj, fields) -> None:
+    for field in fields:
+        value = getattr(obj, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{field}={value!r} must be a positive integer")
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
     """A BERT encoder and its pre-training heads (MLM + NSP).
@@ -71,11 +78,8 @@ class BertConfig:
     remat: Any = "none"
 
     def __post_init__(self):
-        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+        _require_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                      "intermediate_size", "max_position_embeddings", "type_vocab_size"))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} must divide "
                              f"hidden_size={self.hidden_size}")
@@ -188,11 +192,8 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.data, (list, str)):
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str) else tuple(self.data))
-        positive = ("seq_len", "batch_size", "steps", "eval_every", "save_every", "log_every", "eval_batches")
-        for field in positive:
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{field}={value!r} must be a positive integer")
+        _require_positive_ints(self, ("seq_len", "batch_size", "steps", "eval_every", "save_every", "log_every",
+                                      "eval_batches"))
         if self.seq_len < 8:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")
         if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):

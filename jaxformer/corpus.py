@@ -310,6 +310,26 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _load_vocab(path: Path, lowercase: bool) -> Tokenizer:
+    """A BERT ``vocab.txt`` (WordPiece) or a ``tokenizer.json``, checked for the special tokens."""
+    if not path.is_file():
+        raise DataError(f"vocabulary file {path} does not exist")
+    if path.suffix == ".json":
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a plain Exception on a bad file
+            raise DataError(f"cannot load tokenizer {path}: {e}") from e
+        special_token_ids(tok)  # the examples need all five special tokens
+        return tok
+    table: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            table.setdefault(line.rstrip("\r\n"), i)
+    if missing := [t for t in SPECIAL_TOKENS if t not in table]:
+        raise DataError(f"vocabulary {path} lacks special tokens {missing}")
+    return _bert_tokenizer(table, lowercase)
+
+
 def load_or_train_tokenizer(vocab: PathLike | None = None,
                             corpus_paths: PathLike | Sequence[PathLike] | None = None,
                             vocab_size: int = 8192, lowercase: bool = True,
@@ -320,32 +340,25 @@ def load_or_train_tokenizer(vocab: PathLike | None = None,
     ``tokenizer.meta.json`` (corpus files, sizes, mtimes, vocab_size, lowercase) in ``save_dir``;
     a later call with the same inputs reloads it instead of retraining. Reuse matters: WordPiece
     training in ``tokenizers`` is not bit-reproducible (hash-map order; huggingface/tokenizers
-    #1794). ``lowercase`` does not apply to ``tokenizer.json`` files (they carry their normalizer).
+    #1794). A loaded vocabulary is also written to ``save_dir/tokenizer.json``, so ``save_dir``
+    always holds the tokenizer in use. ``lowercase`` does not apply to ``tokenizer.json`` files
+    (they carry their normalizer).
     """
+    save = Path(save_dir).expanduser() if save_dir is not None else None
     if vocab is not None:
         path = Path(vocab).expanduser()
-        if not path.is_file():
-            raise DataError(f"vocabulary file {path} does not exist")
-        if path.suffix == ".json":
-            try:
-                tok = Tokenizer.from_file(str(path))
-            except Exception as e:  # tokenizers raises a plain Exception on a bad file
-                raise DataError(f"cannot load tokenizer {path}: {e}") from e
-            special_token_ids(tok)  # the examples need all five special tokens
-            return tok
-        table: dict[str, int] = {}
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                table.setdefault(line.rstrip("\r\n"), i)
-        if missing := [t for t in SPECIAL_TOKENS if t not in table]:
-            raise DataError(f"vocabulary {path} lacks special tokens {missing}")
-        return _bert_tokenizer(table, lowercase)
+        tok = _load_vocab(path, lowercase)
+        target = save / "tokenizer.json" if save else None
+        if target and not (target.is_file() and target.samefile(path)):
+            save.mkdir(parents=True, exist_ok=True)
+            (save / "tokenizer.meta.json").unlink(missing_ok=True)  # it vouched for a trained tokenizer
+            _write_atomic(save / "tokenizer.json", tok.to_str())
+        return tok
     if vocab_size < 16:
         raise DataError(f"vocab_size must be >= 16, got {vocab_size!r}")
     files = resolve_paths(corpus_paths if corpus_paths is not None else builtin_corpus())
     meta = json.dumps({"files": [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
                        "vocab_size": vocab_size, "lowercase": lowercase})
-    save = Path(save_dir).expanduser() if save_dir is not None else None
     if save and (save / "tokenizer.json").is_file() and (save / "tokenizer.meta.json").is_file() \
             and (save / "tokenizer.meta.json").read_text(encoding="utf-8") == meta:
         return Tokenizer.from_file(str(save / "tokenizer.json"))

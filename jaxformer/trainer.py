@@ -98,15 +98,17 @@ class Steps:
     """The compiled train and eval steps of one model and optimizer (the model's structure is static)."""
 
     def __init__(self, model: BertForPreTraining, tx: optax.GradientTransformation, tc: TrainConfig):
-        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-        self.params = nnx.to_pure_dict(params)
+        # The structure (graphdef) and the non-parameter state (rest) are static; the parameters live in TrainState.
+        self.graphdef, _, self.rest = nnx.split(model, nnx.Param, ...)
         self.tx, self.tc = tx, tc
         self.schedule = learning_rate_schedule(tc)
         self.train_step = jax.jit(self._train_step, donate_argnums=0)
         self.eval_step = jax.jit(self._eval_step)
 
-    def init_state(self, seed: int) -> TrainState:
-        return TrainState(step=jnp.zeros((), jnp.int32), params=self.params, opt_state=self.tx.init(self.params),
+    def init_state(self, model: BertForPreTraining, seed: int) -> TrainState:
+        """Step 0 with `model`'s parameters, a fresh optimizer state and the dropout key of `seed`."""
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
                           rng=jax.random.key_data(jax.random.key(seed)), bad_step=jnp.full((), -1, jnp.int32))
 
     def _train_step(self, state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -122,10 +124,11 @@ class Steps:
         finite = jnp.isfinite(loss)
         # A non-finite loss leaves parameters and optimizer state untouched and records the step.
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        metrics.update(grad_norm=optax.tree.norm(grads), lr=self.schedule(state.step))
         new = TrainState(step=state.step + 1, params=keep(params, state.params),
                          opt_state=keep(opt_state, state.opt_state), rng=jax.random.key_data(rng),
                          bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step))
+        # bad_step rides along with the metrics so a log step needs one device-to-host transfer, not two.
+        metrics.update(grad_norm=optax.tree.norm(grads), lr=self.schedule(state.step), bad_step=new.bad_step)
         return new, metrics
 
     def _eval_step(self, params, batch) -> dict[str, jax.Array]:
@@ -137,8 +140,8 @@ class Steps:
 def evaluate(steps: Steps, params, batches) -> dict[str, float]:
     """MLM loss and accuracy over all masked positions, NSP accuracy over all sequences of `batches`."""
     totals: dict[str, float] = {}
-    for batch in batches:
-        m = jax.device_get(steps.eval_step(params, batch))
+    # Dispatch every batch first, then one transfer: the device never waits for the host between batches.
+    for m in jax.device_get([steps.eval_step(params, batch) for batch in batches]):
         for k in ("mlm_correct", "n_masked", "nsp_correct", "n_seq"):
             totals[k] = totals.get(k, 0.0) + float(m[k])
         totals["mlm_loss_sum"] = totals.get("mlm_loss_sum", 0.0) + float(m["mlm_loss"]) * float(m["n_masked"])
@@ -148,8 +151,7 @@ def evaluate(steps: Steps, params, batches) -> dict[str, float]:
 
 
 def host_metrics(m: dict[str, Any]) -> dict[str, float]:
-    """Loggable floats from a train step's device metrics."""
-    m = jax.device_get(m)
+    """Loggable floats from a train step's metrics (already on the host)."""
     out = {k: float(m[k]) for k in ("loss", "mlm_loss", "nsp_loss", "grad_norm", "lr")}
     out["mlm_acc"] = float(m["mlm_correct"]) / max(float(m["n_masked"]), 1.0)
     out["nsp_acc"] = float(m["nsp_correct"]) / max(float(m["n_seq"]), 1.0)
@@ -198,9 +200,7 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     vocab = tc.vocab
     if vocab is None and tc.resume and (out / "tokenizer.json").exists():
         vocab = out / "tokenizer.json"
-    tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 4096, save_dir=out)
-    if vocab is not None and Path(vocab).resolve() != (out / "tokenizer.json").resolve():
-        tokenizer.save(str(out / "tokenizer.json"))  # the run's tokenizer always lives in --out (and resumes)
+    tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 4096, save_dir=out)  # -> out/tokenizer.json
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     if tc.vocab is not None and tc.vocab_size is not None and vocab_size != tc.vocab_size:
         raise ValueError(f"--vocab {tc.vocab} has {vocab_size} tokens but vocab_size={tc.vocab_size} was fixed")
@@ -236,8 +236,10 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    steps = Steps(build_model(cfg, tc.seed), make_optimizer(tc), tc)
-    state = jax.device_put(steps.init_state(tc.seed), replicated)
+    model = build_model(cfg, tc.seed)
+    steps = Steps(model, make_optimizer(tc), tc)
+    state = jax.device_put(steps.init_state(model, tc.seed), replicated)
+    del model  # its arrays now live (replicated) in `state`
     if tc.resume:
         state = ckpt.restore(start, state)
         log(f"resumed from {ckpt_dir / str(start)} at step {start}")
@@ -271,8 +273,8 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
                 jax.profiler.stop_trace()
                 log(f"wrote a profiler trace of steps {tc.profile_steps[0]}:{step} to {out / 'profile'}")
             if step % tc.log_every == 0 or step == tc.steps or stop.requested:
-                recent = host_metrics(metrics)  # syncs: the time below covers the device work
-                bad = int(state.bad_step)
+                fetched = jax.device_get(metrics)  # syncs: the time below covers the device work
+                recent, bad = host_metrics(fetched), int(fetched["bad_step"])
                 if bad >= 0:
                     raise TrainingStopped(f"non-finite loss at step {bad + 1}; stopped without saving it "
                                           f"(last good checkpoint: step {ckpt.latest_step()})")
