@@ -4,30 +4,48 @@ The model never imports a kernel directly: it asks `ops.select(config.kernels)` 
 Every operator has an `"xla"` implementation (the pure jax.numpy reference in `pallas_kernels/<op>/reference.py`,
 left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kernels, forward and backward).
 
-| operator (Ivanov et al.)                          | xla                       | pallas            |
-|---------------------------------------------------|---------------------------|-------------------|
-| embedding_layernorm (sum + LN + dropout)          | embedding_layernorm.ref   | not yet           |
-| bias_dropout_residual_layernorm (BDRLN / BLNRD)   | bias_dropout_resid...ref  | not yet           |
-| layer_norm (the MLM head's)                       | bias_dropout_resid...ref  | not yet           |
-| bias_gelu (BAD / BDRB)                            | bias_gelu.ref             | not yet           |
-| attention (SM / BS, or fused flash attention)     | attention.ref (unfused)   | not yet           |
+| operator (Ivanov et al.)                          | xla (reference, XLA fuses) | pallas                        |
+|---------------------------------------------------|----------------------------|-------------------------------|
+| embedding_layernorm (sum + LN + dropout)          | embedding_layernorm.ref    | xla (once per step; measured) |
+| bias_dropout_residual_layernorm (BDRLN / BLNRD)   | bdrln.reference            | bdrln kernel.py fwd + bwd     |
+| layer_norm (the MLM head's)                       | bdrln.reference.layer_norm | bdrln kernel.py (no bias/res) |
+| bias_gelu (BAD / BDRB)                            | bias_gelu.reference        | bias_gelu kernel.py fwd + bwd |
+| attention (SM / BS, or fused flash attention)     | attention.reference        | attention kernel.py (flash)   |
+
+Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md.
 """
 
 from __future__ import annotations
 
 import types
 
+import jax.numpy as jnp
+
+import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
+import pallas_kernels.bias_gelu as _bias_gelu
+import pallas_kernels.softmax as _softmax
+import pallas_kernels.attention as _attention_kernels
 from pallas_kernels.attention import reference as _attention
-from pallas_kernels.bias_dropout_residual_layernorm import reference as _bdrln
-from pallas_kernels.bias_gelu import reference as _bias_gelu
 from pallas_kernels.embedding_layernorm import reference as _embedding_layernorm
 
+
+def attention_unfused_pallas(q, k, v, mask, *, seed=None, rate: float = 0.0):
+    """The reference's two einsums around the fused Pallas softmax + dropout (SM forward, BS backward).
+
+    Not the default: measured slower than flash attention and XLA's own softmax fusion (kernels-h200.md)."""
+    scores = jnp.einsum("BSNH,BTNH->BNST", q, k)
+    probs = _softmax.scaled_masked_softmax(scores, mask, scale=q.shape[-1] ** -0.5, seed=seed, rate=rate)
+    return jnp.einsum("BNST,BTNH->BSNH", probs, v)
+
+
 TABLE = {
-    "embedding_layernorm": {"xla": _embedding_layernorm.embedding_layernorm},
-    "bias_dropout_residual_layernorm": {"xla": _bdrln.bias_dropout_residual_layernorm},
-    "layer_norm": {"xla": _bdrln.layer_norm},
-    "bias_gelu": {"xla": _bias_gelu.bias_gelu},
-    "attention": {"xla": _attention.attention},
+    "embedding_layernorm": {"xla": _embedding_layernorm.embedding_layernorm,
+                            "pallas": _embedding_layernorm.embedding_layernorm},
+    "bias_dropout_residual_layernorm": {"xla": _bdrln.reference.bias_dropout_residual_layernorm,
+                                        "pallas": _bdrln.bias_dropout_residual_layernorm},
+    "layer_norm": {"xla": _bdrln.reference.layer_norm, "pallas": _bdrln.layer_norm},
+    "bias_gelu": {"xla": _bias_gelu.reference.bias_gelu, "pallas": _bias_gelu.bias_gelu},
+    "attention": {"xla": _attention.attention, "pallas": _attention_kernels.sharded_flash_attention},
 }
 
 

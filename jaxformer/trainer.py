@@ -257,6 +257,8 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     last_eval: dict[str, float] = {}
     progress = tqdm(total=tc.steps, initial=start, disable=not tc.progress, dynamic_ncols=True, unit="step")
     step, tick, tick_step, wait0, recent = start, time.perf_counter(), start, 0.0, {}
+    mesh_context = jax.set_mesh(mesh)  # the Pallas kernels see it and run per batch shard (pallas_kernels._pallas)
+    mesh_context.__enter__()
     try:
         if tc.dump_hlo:
             hlo = steps.train_step.lower(state, eval_batches[0]).compile().as_text()
@@ -295,6 +297,7 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
                 raise TrainingStopped(f"interrupted: saved a checkpoint at step {step} in {ckpt_dir}; "
                                       f"continue with: python train.py --out {out} --resume")
     finally:
+        mesh_context.__exit__(None, None, None)
         stop.restore()
         progress.close()
         batches.close()

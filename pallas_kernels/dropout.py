@@ -5,8 +5,11 @@ fused kernel and its reference draw the *same* mask, and a backward pass regener
 it. The seed is two uint32 words derived from a JAX key (the layer is folded into the key before), and the element
 index is the row-major position in the logical tensor.
 
-The hash is MurmurHash3's 32-bit finaliser applied twice with the two seed words mixed in between (a cheap,
-well-mixed counter-based generator in the spirit of Philox/Squares, not a cryptographic one).
+The hash is one MurmurHash3 32-bit finaliser over (index ^ seed0) * golden + seed1: 11 integer operations per
+element, a counter-based generator in the spirit of Philox/Squares, not a cryptographic one. One round, not two:
+inside the attention kernels the mask is drawn for every score three times (forward, dK/dV, dQ), where the hash
+is the largest cost besides the matrix products (benchmarks/results/kernels-h200.md); tests/test_ops.py checks the
+keep rate and the independence across seeds, layers and neighbouring elements.
 """
 
 import jax
@@ -28,8 +31,7 @@ def _fmix32(h):
 def hash_uint32(seed0, seed1, index):
     """uint32 hash of a uint32 `index` array under the two uint32 seed words."""
     index = index.astype(jnp.uint32)
-    h = _fmix32(index * jnp.uint32(_GOLDEN) ^ seed0.astype(jnp.uint32))
-    return _fmix32(h + seed1.astype(jnp.uint32))
+    return _fmix32((index ^ seed0.astype(jnp.uint32)) * jnp.uint32(_GOLDEN) + seed1.astype(jnp.uint32))
 
 
 def keep_threshold(rate: float) -> int:

@@ -1,5 +1,82 @@
-"""Multi-head self-attention core: softmax(QK^T/sqrt(H), padding mask) with dropout, times V."""
+"""Multi-head self-attention core: softmax(QK^T/sqrt(H), padding mask) with dropout, times V.
 
+`attention` is the unfused reference (it materialises the BNST scores); `flash_attention` is the fused
+FlashAttention-2 kernel pair (Pallas, Triton-lowered) with the same mask and dropout semantics.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from . import kernel
+from .kernel import BlockSizes, default_block_sizes
 from .reference import attention
 
-__all__ = ["attention"]
+__all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "sharded_flash_attention"]
+
+
+def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
+                            block_sizes: BlockSizes | None = None):
+    """`flash_attention` run per batch shard when a mesh with batch axes is set (`jax.set_mesh`), else directly.
+
+    Each shard passes its first example's index as `batch_offset`, so the dropout masks are the unsharded ones.
+    """
+    from .._pallas import batch_shard_map
+
+    def run(offset, q, k, v, mask, *seed_arg):
+        return flash_attention(q, k, v, mask, seed=seed_arg[0] if seed_arg else None, rate=rate,
+                               interpret=interpret, block_sizes=block_sizes, batch_offset=offset)
+
+    return batch_shard_map(run, n_batched=4)(q, k, v, mask, *(() if seed is None else (seed,)))
+
+
+def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
+                    block_sizes: BlockSizes | None = None, batch_offset=0):
+    """Context (B, S, N, H) in q's dtype from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T).
+
+    Same result as `attention(q, k, v, mask, seed=seed, rate=rate)` (the same dropout mask, bit for bit) without
+    materialising the scores. `mask` is True (or nonzero) at real keys; `seed` is uint32[2] (see
+    `pallas_kernels.dropout.seed_from_key`); dropout runs only when `seed` is given and `rate > 0`.
+    `interpret=None` interprets the kernels on a CPU backend and compiles them (Triton) elsewhere.
+    H must be a power of two >= 16 and S, T multiples of the block sizes (`default_block_sizes(S, H, T)`).
+    `batch_offset` (uint32, may be traced) is the index of q's first example in the whole batch: under a batch
+    `shard_map` it makes each shard draw the reference's mask of the unsharded tensor.
+    Differentiable in q, k, v; mask and seed get no gradient.
+    """
+    rate = float(rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{rate=} must be in [0, 1)")
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    if block_sizes is None:
+        block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1])
+    kernel.check_inputs(q, k, v, mask, block_sizes)
+    if seed is None or rate == 0.0:  # static: the kernels are built without any dropout code
+        seed, rate = None, 0.0
+    else:
+        if jnp.shape(seed) != (2,):
+            raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
+        seed = kernel.seed_words(seed, batch_offset)
+    return _flash(q, k, v, kernel.mask_code(mask), seed, rate, bool(interpret), block_sizes)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, code, seed, rate, interpret, blocks):
+    out, _ = kernel.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret)
+    return out
+
+
+def _flash_fwd(q, k, v, code, seed, rate, interpret, blocks):
+    out, lse = kernel.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret)
+    # Residuals: the inputs (views, no copies), the output and the fp32 logsumexp; the dropout mask is regenerated.
+    return out, (q, k, v, code, seed, out, lse)
+
+
+def _flash_bwd(rate, interpret, blocks, res, do):
+    q, k, v, code, seed, out, lse = res
+    dq, dk, dv = kernel.backward(q, k, v, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret)
+    return dq, dk, dv, None, None  # the int mask code and the uint32 seed words have no cotangent
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

@@ -1,5 +1,93 @@
-"""Bias + dropout + residual + layernorm (Ivanov et al.'s BDRLN): `LN(residual + dropout(x + bias))`."""
+"""Bias + dropout + residual + layernorm (Ivanov et al.'s BDRLN): `LN(residual + dropout(x + bias))`.
 
-from .reference import bias_dropout_residual_layernorm, layer_norm
+`bias_dropout_residual_layernorm` and `layer_norm` here are the fused Pallas versions (custom VJP: forward and
+backward kernels in `kernel.py`); the pure jax.numpy ground truth is in `reference.py`.
+"""
 
-__all__ = ["bias_dropout_residual_layernorm", "layer_norm"]
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .. import _pallas as pk
+from . import kernel as _k
+from . import reference
+
+__all__ = ["bias_dropout_residual_layernorm", "layer_norm", "reference"]
+
+
+def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, rate: float, eps: float,
+                                    interpret: bool | None = None, blocks: _k.Blocks | None = None):
+    """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function."""
+    return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks)
+
+
+def layer_norm(x, scale, ln_bias, *, eps: float, interpret: bool | None = None, blocks: _k.Blocks | None = None):
+    """Fused plain layernorm over the last axis (float32 statistics), result in x's dtype."""
+    return _fused(x, None, None, scale, ln_bias, None, rate=0.0, eps=eps, interpret=interpret, blocks=blocks)
+
+
+def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, blocks):
+    d = x.shape[-1]
+    for name, v in (("bias", bias), ("scale", scale), ("ln_bias", shift)):
+        if v is not None and v.shape != (d,):
+            raise ValueError(f"{name}.shape={v.shape} must be ({d},), the last axis of x.shape={x.shape}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual.shape={residual.shape} must equal x.shape={x.shape}")
+    if rate and seed is None:
+        raise ValueError(f"rate={rate} needs a seed")
+    rate = float(rate) if seed is not None else 0.0
+    rows = x.size // d
+    blocks = blocks or _k.default_blocks(rows, d)
+    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    flat = lambda a: None if a is None else a.reshape(rows, d)  # noqa: E731
+    out = _op(flat(x), bias, flat(residual), scale, shift, seed, rate, eps, pk.resolve_interpret(interpret), blocks)
+    return out.reshape(x.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _op(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks):
+    return _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks)[0]
+
+
+def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks):
+    def run(row_offset, x, residual, bias, scale, shift, seed):
+        return _k.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
+                          interpret=interpret, blocks=blocks)
+
+    y, mean, rstd = _call(run, (x, residual), (bias, scale, shift, seed))
+    return y, (x, bias, residual, scale, shift, seed, mean, rstd)
+
+
+def _bwd(rate, eps, interpret, blocks, res, dy):
+    x, bias, residual, scale, shift, seed, mean, rstd = res
+
+    def run(row_offset, x, residual, mean, rstd, dy, bias, scale, seed):
+        return _k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
+                           interpret=interpret, blocks=blocks)
+
+    dx, dres, dscale, dshift, dbias = _call(run, (x, residual, mean, rstd, dy), (bias, scale, seed))
+    if residual is not None and dres is None:
+        dres = dx.astype(residual.dtype)  # no dropout: the residual's gradient is dx itself
+    total = lambda p, like: None if p is None else jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
+    return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
+
+
+def _call(run, batched, replicated):
+    """Call `run(row_offset, *batched, *replicated)` per batch shard; None operands pass through statically."""
+    b_present = [a is not None for a in batched]
+    r_present = [a is not None for a in replicated]
+    args = [a for a in batched if a is not None] + [a for a in replicated if a is not None]
+
+    def fn(row_offset, *present_args):
+        it = iter(present_args)
+        full_b = [next(it) if p else None for p in b_present]
+        full_r = [next(it) if p else None for p in r_present]
+        return run(row_offset, *full_b, *full_r)
+
+    return pk.batch_shard_map(fn, n_batched=sum(b_present))(*args)
+
+
+_op.defvjp(_fwd, _bwd)

@@ -1,5 +1,58 @@
-"""Bias + exact GELU (+ dropout) (Ivanov et al.'s BAD/BRD): `dropout(gelu(x + bias))`."""
+"""Bias + exact GELU (+ dropout) (Ivanov et al.'s BAD/BRD forward, BDRB backward): `dropout(gelu(x + bias))`.
 
-from .reference import bias_gelu
+`bias_gelu` here is the fused Pallas version (custom VJP, kernels in `kernel.py`); `reference.py` is the ground truth.
+"""
 
-__all__ = ["bias_gelu"]
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .. import _pallas as pk
+from . import kernel as _k
+from . import reference
+
+__all__ = ["bias_gelu", "reference"]
+
+
+def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
+              blocks: _k.Blocks | None = None):
+    """Fused `dropout(gelu(x + bias))` over (..., F) with bias (F,); float32 math, result in x's dtype."""
+    f = x.shape[-1]
+    if bias.shape != (f,):
+        raise ValueError(f"bias.shape={bias.shape} must be ({f},), the last axis of x.shape={x.shape}")
+    if rate and seed is None:
+        raise ValueError(f"rate={rate} needs a seed")
+    rows = x.size // f
+    blocks = blocks or _k.default_blocks(rows, f)
+    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    out = _op(x.reshape(rows, f), bias, seed, float(rate), pk.resolve_interpret(interpret), blocks)
+    return out.reshape(x.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _op(x, bias, seed, rate, interpret, blocks):
+    return _fwd(x, bias, seed, rate, interpret, blocks)[0]
+
+
+def _fwd(x, bias, seed, rate, interpret, blocks):
+    def run(row_offset, x, bias, seed):
+        return _k.forward(x, bias, pk.seed_words(seed, row_offset), rate=rate, interpret=interpret, blocks=blocks)
+
+    return pk.batch_shard_map(run, n_batched=1)(x, bias, seed), (x, bias, seed)
+
+
+def _bwd(rate, interpret, blocks, res, dy):
+    x, bias, seed = res
+
+    def run(row_offset, x, dy, bias, seed):
+        return _k.backward(x, bias, pk.seed_words(seed, row_offset), dy, rate=rate, interpret=interpret,
+                           blocks=blocks)
+
+    dx, dbias = pk.batch_shard_map(run, n_batched=2)(x, dy, bias, seed)
+    return dx, jnp.sum(dbias, axis=0).astype(bias.dtype), None
+
+
+_op.defvjp(_fwd, _bwd)

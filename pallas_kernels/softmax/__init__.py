@@ -1,5 +1,62 @@
-"""Scaled, masked softmax + dropout on attention scores (Ivanov et al.'s SM forward, BS backward)."""
+"""Scaled, masked softmax + dropout on attention scores (Ivanov et al.'s SM forward, BS backward).
 
-from .reference import scaled_masked_softmax
+`scaled_masked_softmax` here is the fused Pallas version (custom VJP, kernels in `kernel.py`); `reference.py` is
+the ground truth.
+"""
 
-__all__ = ["scaled_masked_softmax"]
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .. import _pallas as pk
+from . import kernel as _k
+from . import reference
+
+__all__ = ["scaled_masked_softmax", "reference"]
+
+
+def scaled_masked_softmax(scores, mask, *, scale: float, seed=None, rate: float = 0.0,
+                          interpret: bool | None = None, blocks: _k.Blocks | None = None):
+    """Fused `dropout(softmax(scale * scores, masked))` over T; scores (B, N, S, T), key mask (B, T)."""
+    b, n, s, t = scores.shape
+    if mask.shape != (b, t):
+        raise ValueError(f"mask.shape={mask.shape} must be (B, T)={(b, t)} for scores.shape={scores.shape}")
+    if rate and seed is None:
+        raise ValueError(f"rate={rate} needs a seed")
+    blocks = blocks or _k.default_blocks(n * s, t)
+    if (n * s) % blocks.block_rows or (n * s) % blocks.bwd_block_rows:
+        raise ValueError(f"blocks={blocks}: block rows must divide N*S={n * s}")
+    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    out = _op(scores.reshape(b * n * s, t), mask.astype(jnp.int32), seed, n * s, float(scale), float(rate),
+              pk.resolve_interpret(interpret), blocks)
+    return out.reshape(scores.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _op(x, mask, seed, rows_per_sequence, scale, rate, interpret, blocks):
+    return _fwd(x, mask, seed, rows_per_sequence, scale, rate, interpret, blocks)[0]
+
+
+def _fwd(x, mask, seed, rows_per_sequence, scale, rate, interpret, blocks):
+    def run(row_offset, x, mask, seed):
+        return _k.forward(x, mask, pk.seed_words(seed, row_offset), rows_per_sequence=rows_per_sequence, scale=scale,
+                          rate=rate, interpret=interpret, blocks=blocks)
+
+    y, lse = pk.batch_shard_map(run, n_batched=2)(x, mask, seed)
+    return y, (x, mask, seed, lse)
+
+
+def _bwd(rows_per_sequence, scale, rate, interpret, blocks, res, dy):
+    x, mask, seed, lse = res
+
+    def run(row_offset, x, mask, lse, dy, seed):
+        return _k.backward(x, mask, pk.seed_words(seed, row_offset), lse, dy, rows_per_sequence=rows_per_sequence,
+                           scale=scale, rate=rate, interpret=interpret, blocks=blocks)
+
+    return pk.batch_shard_map(run, n_batched=4)(x, mask, lse, dy, seed), None, None
+
+
+_op.defvjp(_fwd, _bwd)

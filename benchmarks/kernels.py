@@ -1,0 +1,218 @@
+"""Fused Pallas kernels against XLA's fusion of the same reference math, forward and forward+backward.
+
+    PYTHONPATH=. python benchmarks/kernels.py                    # every operator, BERT-base/large shapes
+    PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune # also try the block-size candidates
+
+Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
+dead code, and an `optimization_barrier` between them keeps XLA from fusing one iteration into the next), for
+n = N1 and N2; the time per iteration is (T(N2) - T(N1)) / (N2 - N1), which cancels the dispatch and launch
+overhead of the call; median of `--repeats`. Inputs are random and larger than L2.
+Bytes are what each operator must move (each input read once, each output written once); GB/s is against the copy
+bandwidth of `y = x + 1` over a 1 GB buffer measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels.bias_dropout_residual_layernorm as bdrln
+import pallas_kernels.bias_gelu as bias_gelu
+import pallas_kernels.softmax as softmax
+from pallas_kernels.dropout import seed_from_key
+
+N1, N2 = 2, 10
+
+
+def per_iteration(step, carry, repeats):
+    """Seconds per `step` (carry -> carry) iteration, by the difference of two chained run lengths."""
+    runs = {}
+    for n in (N1, N2):
+        def chain(c, n=n):
+            for _ in range(n):
+                c = jax.lax.optimization_barrier(step(c))
+            return c
+        f = jax.jit(chain)
+        jax.block_until_ready(f(carry))
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(f(carry))
+            times.append(time.perf_counter() - t)
+        runs[n] = statistics.median(times)
+    return (runs[N2] - runs[N1]) / (N2 - N1)
+
+
+def copy_bandwidth(repeats, scale=1):
+    x = jax.random.normal(jax.random.key(0), (512 * 1024 * 1024 // scale,), jnp.bfloat16)  # 1 GB
+    t = per_iteration(lambda x: x + 1, x, repeats)
+    return 2 * x.nbytes / t
+
+
+def _grads_as_carry(fn, n_in):
+    """A fwd+bwd step: the outputs' VJP with the output as its own cotangent; the gradients become the inputs."""
+    def step(args):
+        y, vjp = jax.vjp(fn, *args)
+        grads = vjp(y)
+        cast = lambda g, a: jax.tree.map(lambda g, a: g.astype(a.dtype), g, a)  # noqa: E731
+        return tuple(cast(g, a) for g, a in zip(grads[:n_in], args)) + tuple(args[n_in:])
+    return step
+
+
+def cases(ops, dtype, scale=1):
+    """(op, shape label, {impl: fn}, args, differentiable-arg count, bytes fwd, bytes fwd+bwd)."""
+    key = jax.random.split(jax.random.key(1), 8)
+    seed = seed_from_key(key[7])
+    item = jnp.dtype(dtype).itemsize
+    out = []
+    if "bdrln" in ops:
+        for rows, d in [(8192 // scale, 768), (8192 // scale, 1024), (32768 // scale, 1024)]:
+            x, res = (jax.random.normal(key[i], (rows, d), dtype) for i in (0, 1))
+            bias, shift = (jax.random.normal(key[i], (d,)) for i in (2, 3))
+            ln_scale = 1 + 0.1 * jax.random.normal(key[4], (d,))
+            for rate in (0.0, 0.1):
+                kw = dict(seed=seed, rate=rate, eps=1e-12)
+                impls = {"xla": lambda *a, kw=kw: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw),
+                         "pallas": lambda *a, kw=kw, **b: bdrln.bias_dropout_residual_layernorm(*a, **kw, **b)}
+                # fwd reads x, res, writes y; bwd reads x, res, dy, writes dx (+ d_res with dropout)
+                fb = (3 + (5 if rate else 4)) * rows * d * item
+                out.append(("bdrln", f"{rows}x{d} p={rate}", impls, (x, bias, res, ln_scale, shift), 5,
+                            3 * rows * d * item, fb, bdrln.kernel.Blocks, rows, d))
+    if "bias_gelu" in ops:
+        for rows, f in [(8192 // scale, 3072), (8192 // scale, 4096), (32768 // scale, 4096)]:
+            x = jax.random.normal(key[0], (rows, f), dtype)
+            bias = jax.random.normal(key[1], (f,))
+            impls = {"xla": lambda *a: bias_gelu.reference.bias_gelu(*a),
+                     "pallas": lambda *a, **b: bias_gelu.bias_gelu(*a, **b)}
+            out.append(("bias_gelu", f"{rows}x{f}", impls, (x, bias), 2, 2 * rows * f * item, 5 * rows * f * item,
+                        bias_gelu.kernel.Blocks, rows, f))
+    if "softmax" in ops:
+        for b, n, s in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
+            x = jax.random.normal(key[0], (b, n, s, s), dtype) * 3
+            mask = jnp.arange(s)[None, :] < jax.random.randint(key[1], (b, 1), s // 2, s + 1)
+            kw = dict(scale=0.125, seed=seed, rate=0.1)
+            impls = {"xla": lambda x, m=mask, kw=kw: softmax.reference.scaled_masked_softmax(x, m, **kw),
+                     "pallas": lambda x, m=mask, kw=kw, **bl: softmax.scaled_masked_softmax(x, m, **kw, **bl)}
+            size = b * n * s * s * item
+            out.append(("softmax", f"B{b} N{n} S{s} p=0.1", impls, (x,), 1, 2 * size, 5 * size,
+                        softmax.kernel.Blocks, n * s, s))
+    if "attention" in ops:
+        from jaxformer.ops import attention_unfused_pallas
+        from pallas_kernels.attention import attention, flash_attention
+        for b, n, s_ in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
+            q, k, v = (jax.random.normal(key[i], (b, s_, n, 64), dtype) for i in (0, 1, 2))
+            lengths = jax.random.randint(key[3], (b,), s_ // 2, s_ + 1)
+            mask = jnp.arange(s_)[None, :] < lengths[:, None]
+            size = b * s_ * n * 64 * item
+            for rate in (0.1, 0.0):
+                kw = dict(seed=seed, rate=rate)
+                impls = {"xla": lambda q, k, v, kw=kw, m=mask: attention(q, k, v, m, **kw),
+                         "pallas": lambda q, k, v, kw=kw, m=mask, **bl: flash_attention(q, k, v, m, **kw),
+                         "pallas-unfused": lambda q, k, v, kw=kw, m=mask: attention_unfused_pallas(q, k, v, m, **kw)}
+                if not rate:
+                    for impl in ("cudnn", "xla"):
+                        impls[f"jax.nn.dpa-{impl}"] = (
+                            lambda q, k, v, impl=impl, ln=lengths: jax.nn.dot_product_attention(
+                                q, k, v, query_seq_lengths=jnp.full_like(ln, s_), key_value_seq_lengths=ln,
+                                implementation=impl))
+                out.append(("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
+                            12 * size, None, b, s_))
+    if "layer" in ops:
+        from flax import nnx
+
+        from jaxformer import BertConfig
+        from jaxformer.model import EncoderLayer
+        for b, s_ in [(64 // scale, 128), (16 // scale, 512)]:
+            x = jax.random.normal(key[0], (b, s_, 1024), dtype)
+            mask = jnp.arange(s_)[None, :] < jax.random.randint(key[3], (b, 1), s_ // 2, s_ + 1)
+            impls, state = {}, None
+            for kernels in ("xla", "pallas"):
+                cfg = BertConfig.preset("large", dtype=jnp.dtype(dtype).name, kernels=kernels)
+                graphdef, st = nnx.split(EncoderLayer(cfg, rngs=nnx.Rngs(0)))
+                state = st if state is None else state
+
+                def run(x, state, graphdef=graphdef, mask=mask):
+                    layer = nnx.merge(graphdef, state)
+                    return layer(x, mask, key=key[5], deterministic=False)
+                impls[kernels] = run
+            out.append(("layer", f"large B{b} S{s_} p=0.1", impls, (x, state), 2, None, None, None, b, s_))
+    return out
+
+
+def tune_candidates(blocks_cls, pass_):
+    """Block sizes to try: forward tiles for the forward pass, backward tiles (forward at its default) for fwd+bwd."""
+    d = blocks_cls()
+    if pass_ == "fwd":
+        return [dataclasses.replace(d, block_rows=br, num_warps=w)
+                for br, w in ((1, 4), (2, 4), (4, 8), (8, 8), (16, 8))]
+    if blocks_cls is softmax.kernel.Blocks:
+        return [dataclasses.replace(d, bwd_block_rows=br, bwd_num_warps=w)
+                for br, w in ((4, 4), (8, 4), (16, 8), (32, 8))]
+    return [dataclasses.replace(d, bwd_block_rows=br, bwd_rows_per_program=rpp, bwd_num_warps=w)
+            for br, rpp, w in ((1, 8, 4), (2, 16, 4), (4, 16, 8), (4, 32, 8), (8, 32, 8), (8, 64, 8))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,layer")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--only", default="", help="run only the shapes whose label contains this text")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tune", action="store_true", help="time each block-size candidate of the Pallas kernels")
+    ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--scale", type=int, default=1, help="divide the batch sizes (a quick smoke run on the CPU)")
+    a = ap.parse_args()
+    dtype = jnp.dtype(a.dtype)
+    bw = copy_bandwidth(a.repeats, a.scale)
+    print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {a.dtype}; copy bandwidth {bw / 1e9:.0f} GB/s "
+          f"(y = x + 1 over 1 GB)", flush=True)
+    rows = []
+    print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for op, label, impls, args, n_in, bytes_f, bytes_fb, blocks_cls, r, w in cases(a.ops.split(","), dtype, a.scale):
+        if a.only not in label:
+            continue
+        for name, nbytes in (("fwd", bytes_f), ("fwd+bwd", bytes_fb)):
+            def step_for(fn, name=name, n_in=n_in):
+                if name == "fwd":
+                    return lambda c: (fn(*c),) + tuple(c[1:])
+                return _grads_as_carry(fn, n_in)
+            t_xla = None
+            nbytes = nbytes or 0
+            for impl, fn0 in impls.items():
+                tunable = impl == "pallas" and blocks_cls is not None
+                candidates = [None] + (tune_candidates(blocks_cls, name) if a.tune and tunable else [])
+                best = None
+                for blk in candidates:
+                    fn = (lambda *x, blk=blk, fn0=fn0: fn0(*x, blocks=blk)) if blk else fn0
+                    try:
+                        t = per_iteration(step_for(fn), args, a.repeats)
+                    except Exception as e:  # a candidate that does not compile is reported and skipped
+                        print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+                        continue
+                    if best is None or t < best[0]:
+                        best = (t, blk)
+                if best is None:
+                    continue
+                t, blk = best
+                t_xla = t if impl == "xla" else t_xla
+                row = dict(op=op, shape=label, pass_=name, impl=impl, us=t * 1e6, xla_us=(t_xla or 0) * 1e6,
+                           speedup=(t_xla / t) if t_xla else None, bw=nbytes / t / bw, blocks=str(blk or "default"))
+                rows.append(row)
+                print(f"| {op} | {label} | {name} | {impl} | {row['us']:.1f} | {row['xla_us']:.1f} | "
+                      f"{row['speedup'] or 0:.2f}x | {100 * row['bw']:.0f}% | {row['blocks']} |", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, copy_bw=bw, rows=rows), f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Plumbing shared by the Pallas kernels: backend choice, compiler parameters, row blocks, batch sharding.
+
+Every kernel here is lowered through Triton (`pltriton.CompilerParams` is always passed: jax 0.10.2 would pick Mosaic
+GPU otherwise, and jax 0.11.2 lowers `pallas_call` on the GPU only through Triton). On the CPU the same kernel bodies
+run in interpret mode, which proves the math, not the lowering.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+from jax.sharding import PartitionSpec as P
+
+from .dropout import hash_uint32, keep_threshold
+
+# The Triton lowering warns that it is deprecated each time a kernel is lowered; users should not see that once per
+# compiled step. Our kernels pick Triton on purpose (see DESIGN.md, Pallas backends).
+warnings.filterwarnings("ignore", message=r"(?i).*triton.*deprecat.*")
+warnings.filterwarnings("ignore", message=r"(?i).*deprecat.*triton.*")
+
+# Mesh axes that split the batch: kernels run per shard on them (see `batch_shard_map`).
+BATCH_AXES = ("data", "fsdp")
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """`None` means: interpret on a CPU backend (tests), compile through Triton on a GPU."""
+    if interpret is None:
+        return jax.default_backend() == "cpu"
+    return bool(interpret)
+
+
+def compiler_params(num_warps: int, num_stages: int = 1):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def next_pow2(n: int) -> int:
+    return pl.next_power_of_2(n)
+
+
+def row_col_mask(first_row, block_rows: int, rows: int, width_p: int, width: int):
+    """Row indices (block_rows,), column indices (width_p,) and the in-bounds mask of a (block_rows, width_p) tile.
+
+    Triton needs power-of-two tiles, so a width of 768 is a 1024-wide tile whose last columns are masked.
+    """
+    r = first_row + jnp.arange(block_rows, dtype=jnp.int32)
+    c = jnp.arange(width_p, dtype=jnp.int32)
+    return r, c, (r < rows)[:, None] & (c < width)[None, :]
+
+
+def keep(seed_ref, rows, cols, width: int, rate: float):
+    """The dropout keep mask of a tile, the same hash as `pallas_kernels.dropout.keep_mask`.
+
+    `seed_ref` holds uint32 [seed0, seed1, row_offset, 0]: the element index is (row_offset + row) * width + col in
+    the logical (unsharded) tensor, so every batch shard draws its own mask and the kernel matches the reference.
+    """
+    offset = seed_ref[2]
+    index = (rows.astype(jnp.uint32) + offset)[:, None] * jnp.uint32(width) + cols.astype(jnp.uint32)[None, :]
+    return hash_uint32(seed_ref[0], seed_ref[1], index) >= jnp.uint32(keep_threshold(rate))
+
+
+def seed_words(seed, row_offset=0):
+    """uint32[4] = [seed0, seed1, row_offset, 0] for `keep` (a power-of-two length, as Triton wants)."""
+    if seed is None:
+        seed = jnp.zeros((2,), jnp.uint32)
+    off = jnp.asarray(row_offset, jnp.uint32).reshape(1)
+    return jnp.concatenate([jnp.asarray(seed, jnp.uint32).reshape(2), off, jnp.zeros((1,), jnp.uint32)])
+
+
+def load(ref, mask, other=0.0):
+    return pltriton.load(ref, mask=mask, other=other)
+
+
+def store(ref, value, mask):
+    pltriton.store(ref, value.astype(ref.dtype), mask=mask)
+
+
+def _batch_axes(mesh) -> tuple[str, ...]:
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+
+
+def current_mesh():
+    """The mesh set with `jax.set_mesh` (or `with mesh:`), or None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return None
+    return mesh
+
+
+def batch_shard_map(fn, n_batched: int):
+    """Run `fn(row_offset, *batched, *replicated)` per batch shard when a mesh with batch axes is set.
+
+    A `pallas_call` has no sharding rule: under a sharded `jit` XLA would gather its inputs and run it replicated.
+    Here the first `n_batched` arguments are split over the mesh's batch axes on their leading dimension, the rest
+    are replicated, and every output comes back split on its leading dimension: activations, or per-shard partial
+    sums stacked on a leading axis, which the caller reduces.
+    `row_offset` is the shard's first row (in units of the leading dimension), for dropout indices.
+    """
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        mesh = current_mesh()
+        axes = _batch_axes(mesh) if mesh is not None else ()
+        if not axes:
+            return fn(jnp.uint32(0), *args)
+        shards = 1
+        for a in axes:
+            shards *= mesh.shape[a]
+        lead = args[0].shape[0]
+        if lead % shards:
+            raise ValueError(f"the batch dimension {lead} does not divide over the mesh axes {axes} ({shards} shards)")
+
+        def per_shard(*shard_args):
+            index = jnp.uint32(0)
+            for a in axes:  # row-major shard index over the batch axes, as P(axes) lays the shards out
+                index = index * jnp.uint32(mesh.shape[a]) + jax.lax.axis_index(a).astype(jnp.uint32)
+            return fn(index * jnp.uint32(lead // shards), *shard_args)
+
+        spec = P(axes)
+        in_specs = tuple(spec if i < n_batched else P() for i in range(len(args)))
+        explicit = set(getattr(mesh, "explicit_axes", ()))
+        if explicit:  # with explicit axes the types must already match the specs: reshard (a no-op when they do)
+            args = tuple(jax.reshard(a, s) for a, s in zip(args, in_specs))
+        return _shard_map(per_shard, mesh, in_specs, spec)(*args)
+
+    return wrapped
+
+
+def _shard_map(fn, mesh, in_specs, out_spec):
+    # Every output is split on its leading axis (activations, or stacked per-shard partial sums).
+    try:
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)
+    except TypeError:  # older spelling
+        from jax.experimental.shard_map import shard_map
+        return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_rep=False)

@@ -1,0 +1,332 @@
+"""Flash attention (FlashAttention-2, Dao 2023) with a key padding mask and counter-based dropout, as Pallas kernels
+lowered through Triton.
+
+Layout BSNH end to end: q, do, dq blocks are (block_q, H) slices of (B, S, N, H) arrays and k, v, dk, dv blocks are
+(block_k, H) slices of (B, T, N, H), with B and N squeezed by the BlockSpecs, so the wrapper never transposes.
+
+Numerics: scores and softmax in fp32 in base 2 (s2 = q.k * H**-0.5 * log2(e), so exp2 replaces exp); the only
+residual besides the inputs and the output is the fp32 base-2 logsumexp `lse` (B, N, S) of each query row. The
+probabilities are cast to v's dtype for the P@V product, as flash attention usually does.
+
+Key mask: the wrapper turns the (B, T) mask into an int32 code per key (`mask_code`): 1 real, 0 padded, -1 a key of
+an example with no real key at all. Padded keys get the reference's score finfo.min, so their probability is exactly
+0. The reference gives an all-padded example the uniform distribution (softmax of T equal scores); a constant score
+0 does the same while keeping its logsumexp finite (log2 T) for the backward, where finfo.min + log2 T would round
+back to finfo.min and make every recomputed probability 1 instead of 1/T.
+
+Dropout: probability element (b, n, s, t) is kept iff hash_uint32(seed, ((b*N + n)*S + s)*T + t) >= threshold, the
+same uint32 arithmetic as `pallas_kernels.dropout` on the reference's BNST tensor, so the masks agree bit for bit.
+The backward regenerates the mask from the seed; it is never stored.
+"""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from ..dropout import hash_uint32, keep_threshold
+
+_LOG2E = math.log2(math.e)
+_PADDED = float(jnp.finfo(jnp.float32).min)  # the score of a padded key, as in the reference softmax
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tile sizes (powers of two >= 16; S and T must be multiples of them) and Triton launch parameters."""
+
+    block_q: int = 128  # forward: query rows per program
+    block_k: int = 64  # forward: keys per inner-loop step
+    block_q_dkv: int = 32  # dK/dV kernel: query rows per inner-loop step
+    block_k_dkv: int = 64  # dK/dV kernel: keys per program
+    block_q_dq: int = 64  # dQ kernel: query rows per program
+    block_k_dq: int = 32  # dQ kernel: keys per inner-loop step
+    num_warps: int = 4
+    num_stages: int = 2
+    num_warps_bwd: int = 4
+    num_stages_bwd: int = 2
+
+
+def _fit(cap: int, n: int) -> int:
+    """The largest power of two <= cap dividing n, at least 16 (a Triton dot needs every dimension >= 16)."""
+    block = cap
+    while block > 16 and n % block:
+        block //= 2
+    return block
+
+
+def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
+    """Defaults for query length S, head width H and key length T (= S unless given).
+
+    H <= 64 (BERT): 128x64 forward tiles with 4 warps, as Triton's fused-attention tutorial uses; the backward
+    tiles are smaller because each step holds four fp32 (block_q, block_k) tiles (s/p, dp, ds, the hash) at once.
+    Wider heads halve the key tile and double the warps to keep the fp32 accumulators in registers.
+    """
+    t = s if t is None else t
+    wide = h > 64
+    return BlockSizes(
+        block_q=_fit(128, s), block_k=_fit(32 if wide else 64, t),
+        block_q_dkv=_fit(32, s), block_k_dkv=_fit(64, t),
+        block_q_dq=_fit(64, s), block_k_dq=_fit(32, t),
+        num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
+    )
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
+    """Raise ValueError, naming the value, for shapes the kernels cannot take (before anything compiles)."""
+    if q.ndim != 4 or k.ndim != 4:
+        raise ValueError(f"q and k must be (B, S, N, H) and (B, T, N, H); got {q.shape=} {k.shape=}")
+    b, s, n, h = q.shape
+    t = k.shape[1]
+    if k.shape != (b, t, n, h) or v.shape != k.shape:
+        raise ValueError(f"k and v must be (B, T, N, H) matching {q.shape=}; got {k.shape=} {v.shape=}")
+    if mask.shape != (b, t):
+        raise ValueError(f"mask must be (B, T) = {(b, t)}; got {mask.shape=}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
+    if not _is_pow2(h) or h < 16:
+        raise ValueError(f"head width {h=} must be a power of two >= 16 (Triton tiles)")
+    for name, block in dataclasses.asdict(blocks).items():
+        if name.startswith("block_") and (not _is_pow2(block) or block < 16):
+            raise ValueError(f"{name}={block} must be a power of two >= 16")
+    for name, length in (("block_q", s), ("block_q_dkv", s), ("block_q_dq", s),
+                         ("block_k", t), ("block_k_dkv", t), ("block_k_dq", t)):
+        block = getattr(blocks, name)
+        if length % block:
+            dim = "S" if name.startswith("block_q") else "T"
+            raise ValueError(f"{dim}={length} must be a multiple of {name}={block}")
+
+
+def seed_words(seed, batch_offset=0):
+    """uint32[4] = [seed0, seed1, batch_offset, 0], the kernels' seed operand (4: a power-of-two length)."""
+    u32 = jnp.uint32
+    offset = jnp.asarray(batch_offset, u32).reshape(1)
+    return jnp.concatenate([jnp.asarray(seed).astype(u32).reshape(2), offset, jnp.zeros((1,), u32)])
+
+
+def mask_code(mask):
+    """int32 (B, T): 1 at real keys, 0 at padded keys, -1 at every key of an example without real keys."""
+    real = mask.astype(bool)
+    return jnp.where(real, 1, jnp.where(jnp.any(real, axis=1, keepdims=True), 0, -1)).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------- shared tile math
+
+
+def _scores(q, k, code, qk_scale):
+    """Masked base-2 scores (block_q, block_k) in fp32."""
+    s = pltriton.dot(q, k, trans_b=True) * qk_scale
+    fill = jnp.where(code == 0, _PADDED, 0.0)[None, :]
+    return jnp.where(code[None, :] > 0, s, fill)
+
+
+def _dropout_base(seed_ref, *, heads, s_len):
+    """(seed0, seed1, (b*N + n)*S in uint32) for the program's (b, n) = grid axes 1, 2; None without dropout.
+
+    seed_ref holds uint32 [seed0, seed1, batch_offset, 0]: b counts from the shard's first example, so a batch
+    shard draws the same mask as the unsharded reference. Called at the kernel's top level: the seed is loaded
+    once, and interpret mode substitutes program_id only there, not inside loop bodies.
+    """
+    if seed_ref is None:
+        return None
+    u32 = jnp.uint32
+    b = pl.program_id(1).astype(u32) + seed_ref[2]
+    head_row = (b * u32(heads) + pl.program_id(2).astype(u32)) * u32(s_len)
+    return seed_ref[0], seed_ref[1], head_row
+
+
+def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate):
+    """Keep mask (block_q, block_k) of the tile at rows q_start.., keys k_start..; None when dropout is off.
+
+    Index ((b*N + n)*S + s)*T + t in uint32 (wrapping as the reference's uint32 arange would).
+    """
+    if drop is None:
+        return None
+    seed0, seed1, head_row = drop
+    u32 = jnp.uint32
+    rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(u32)
+    cols = (k_start + jnp.arange(block_k, dtype=jnp.int32)).astype(u32)
+    index = rows[:, None] * u32(t_len) + cols[None, :]
+    return hash_uint32(seed0, seed1, index) >= u32(keep_threshold(rate))
+
+
+def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate):
+    """(dropped probabilities for dV, dS w.r.t. the natural-log scores) of one tile; FlashAttention-2 Alg. 2.
+
+    With D = keep / (1 - rate): O = (P*D) V, so dP = D * (dO V^T) and dS = P * (dP - rowsum(P * dP)), where
+    rowsum(P * dP) = rowsum(dO * O) = delta still holds with dropout.
+    """
+    p = jnp.exp2(_scores(q, k, code, qk_scale) - lse[:, None])
+    dp = pltriton.dot(do, v, trans_b=True)
+    pd = p
+    if keep is not None:
+        inv_keep = 1.0 / (1.0 - rate)
+        pd = jnp.where(keep, p * inv_keep, 0.0)
+        dp = jnp.where(keep, dp * inv_keep, 0.0)
+    # The reference's `where` passes no gradient to padded keys; only all-padded examples (code -1) have p != 0 there.
+    ds = jnp.where(code[None, :] > 0, p * (dp - delta[:, None]), 0.0)
+    return pd, ds
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+
+def _fwd_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, o_ref, lse_ref, *, scale, block_k, heads, s_len, rate):
+    # q_ref (block_q, H); k_ref, v_ref (T, H); code_ref (T,); o_ref (block_q, H); lse_ref (block_q,)
+    block_q, h = q_ref.shape
+    t_len = k_ref.shape[0]
+    q_start = pl.program_id(0) * block_q
+    drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
+    qk_scale = scale * _LOG2E
+    q = q_ref[...]
+
+    def body(j, carry):  # online softmax over key blocks (FlashAttention-2 Alg. 1), unnormalised accumulator
+        acc, m, l = carry
+        k_start = pl.multiple_of(j * block_k, block_k)
+        kv = pl.ds(k_start, block_k)
+        s = _scores(q, k_ref[kv, :], code_ref[kv], qk_scale)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        alpha = jnp.exp2(m - m_new)  # rescales the old sums; 0 on the first step (m = -inf)
+        p = jnp.exp2(s - m_new[:, None])
+        l = alpha * l + jnp.sum(p, axis=1)  # the normaliser sums the probabilities before dropout
+        keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
+        if keep is not None:  # dropout is linear, so it may drop unnormalised terms; 1/(1-rate) comes at the end
+            p = jnp.where(keep, p, 0.0)
+        v = v_ref[kv, :]
+        return alpha[:, None] * acc + pltriton.dot(p.astype(v.dtype), v), m_new, l
+
+    init = (jnp.zeros((block_q, h), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32))
+    acc, m, l = lax.fori_loop(0, t_len // block_k, body, init)
+    inv = (1.0 / (1.0 - rate)) / l if seed_ref is not None else 1.0 / l
+    o_ref[...] = (acc * inv[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = m + jnp.log2(l)
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                 scale, block_q, heads, t_len, rate):
+    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref, dk_ref, dv_ref (block_k, H); code_ref (block_k,)
+    block_k, h = k_ref.shape
+    s_len = q_ref.shape[0]
+    k_start = pl.program_id(0) * block_k
+    drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
+    k, v, code = k_ref[...], v_ref[...], code_ref[...]
+
+    def body(i, carry):  # dV = sum_i Pd_i^T dO_i, dK = sum_i dS_i^T Q_i over query blocks
+        dk, dv = carry
+        q_start = pl.multiple_of(i * block_q, block_q)
+        rows = pl.ds(q_start, block_q)
+        q, do = q_ref[rows, :], do_ref[rows, :]
+        keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
+        pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
+                            qk_scale=scale * _LOG2E, rate=rate)
+        dv = dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=True)
+        dk = dk + pltriton.dot(ds.astype(q.dtype), q, trans_a=True)
+        return dk, dv
+
+    zeros = jnp.zeros((block_k, h), jnp.float32)
+    dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
+    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)  # d(q.k * scale)/dk = scale * q
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               scale, block_k, heads, s_len, rate):
+    # q_ref, do_ref, dq_ref (block_q, H); lse_ref, delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,)
+    block_q, h = q_ref.shape
+    t_len = k_ref.shape[0]
+    q_start = pl.program_id(0) * block_q
+    drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+
+    def body(j, dq):  # dQ = sum_j dS_j K_j over key blocks
+        k_start = pl.multiple_of(j * block_k, block_k)
+        kv = pl.ds(k_start, block_k)
+        k = k_ref[kv, :]
+        keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
+        _, ds = _grad_tile(q, k, v_ref[kv, :], do, code_ref[kv], lse, delta, keep,
+                           qk_scale=scale * _LOG2E, rate=rate)
+        return dq + pltriton.dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
+    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- pallas_calls
+
+
+def _seed_spec(seed):
+    return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, 0]
+
+
+def _params(num_warps, num_stages):
+    # Always the Triton params: without them jax 0.10.2 lowers pallas_call through Mosaic GPU.
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool):
+    """Context (B, S, N, H) in q's dtype and the fp32 base-2 logsumexp (B, N, S).
+
+    `code` from `mask_code`; `seed` from `seed_words`, or None for no dropout (the kernel then has no dropout code).
+    """
+    b, s, n, h = q.shape
+    t = k.shape[1]
+    bq = blocks.block_q
+    row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
+    kv_full = pl.BlockSpec((None, t, None, h), lambda i, b_, n_: (b_, 0, n_, 0))
+    return pl.pallas_call(
+        functools.partial(_fwd_kernel, scale=h**-0.5, block_k=blocks.block_k, heads=n, s_len=s, rate=rate),
+        grid=(s // bq, b, n),
+        in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed)],
+        out_specs=[row_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
+        compiler_params=_params(blocks.num_warps, blocks.num_stages),
+        interpret=interpret, name="flash_attention_fwd",
+    )(q, k, v, code, seed)
+
+
+def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool):
+    """(dq, dk, dv) in the dtypes of (q, k, v)."""
+    b, s, n, h = q.shape
+    t = k.shape[1]
+    # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+    params = _params(blocks.num_warps_bwd, blocks.num_stages_bwd)
+
+    bk = blocks.block_k_dkv
+    seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
+    stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
+    key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=n, t_len=t, rate=rate),
+        grid=(t // bk, b, n),
+        in_specs=[seq_full, key_block, key_block, pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)),
+                  _seed_spec(seed), seq_full, stat_full, stat_full],
+        out_specs=[key_block, key_block],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=params, interpret=interpret, name="flash_attention_dkdv",
+    )(q, k, v, code, seed, do, lse, delta)
+
+    bq = blocks.block_q_dq
+    row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
+    stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
+    kv_full = pl.BlockSpec((None, t, None, h), lambda i, b_, n_: (b_, 0, n_, 0))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=n, s_len=s, rate=rate),
+        grid=(s // bq, b, n),
+        in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)),
+                  _seed_spec(seed), row_block, stat_block, stat_block],
+        out_specs=row_block,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=params, interpret=interpret, name="flash_attention_dq",
+    )(q, k, v, code, seed, do, lse, delta)
+    return dq, dk, dv
+

@@ -1,0 +1,192 @@
+"""Pallas (Triton) kernels of BDRLN: `y = LN(residual + dropout(x + bias))` over rows of width D, and its backward.
+
+Forward (Ivanov's BDRLN): one pass, each program normalises `block_rows` rows held in registers (a power-of-two
+tile, columns past D masked), writes y and the float32 row statistics (mean, rstd).
+Backward (BLNRD + EBSB/BSB + BAOB in one kernel): each program walks `rows_per_program` rows in `block_rows` chunks,
+recomputes h = residual + dropout(x + bias) from the inputs and the stored statistics (the dropout mask is
+regenerated from the seed, never stored), writes d_residual = dh and dx = dropout'(dh), and keeps float32 partial
+sums of the scale, shift and bias gradients in registers, written once per program and summed by the caller.
+
+Bytes (R rows, D wide, 2-byte activations): forward reads x, residual and writes y (3RD·2); backward reads x,
+residual, dy and writes dx, d_residual (5RD·2; 4RD·2 without dropout, where dx = d_residual is written once).
+Optional operands (no bias, no residual: the MLM head's plain layernorm) are static `None`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .. import _pallas as pk
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Tile sizes; `block_rows` rows of next_pow2(D) per tile. Tuned per width on the GPU (benchmarks/kernels.py)."""
+    block_rows: int = 4
+    num_warps: int = 4
+    bwd_block_rows: int = 4
+    bwd_rows_per_program: int = 64
+    bwd_num_warps: int = 4
+
+
+def default_blocks(rows: int, width: int) -> Blocks:
+    del rows
+    # Keep a tile at ~4096 elements: enough loads in flight per program without spilling registers.
+    br = max(1, 4096 // pk.next_pow2(width))
+    return Blocks(block_rows=br, bwd_block_rows=br)
+
+
+def _h(x_ref, bias_ref, res_ref, seed_ref, m, r, c, *, width, rate):
+    """h = residual + dropout(x + bias) in float32 for one tile (0 outside it); also the keep mask (or None)."""
+    h = pk.load(x_ref, m).astype(jnp.float32)
+    if bias_ref is not None:
+        h = h + pk.load(bias_ref, c < width, 0.0).astype(jnp.float32)[None, :]
+    keep = None
+    if rate:
+        keep = pk.keep(seed_ref, r, c, width, rate)
+        h = jnp.where(keep, h / (1.0 - rate), 0.0)
+    if res_ref is not None:
+        h = h + pk.load(res_ref, m).astype(jnp.float32)
+    return h, keep
+
+
+def _fwd_kernel(x_ref, bias_ref, res_ref, scale_ref, shift_ref, seed_ref, y_ref, mean_ref, rstd_ref, *,
+                rows, width, rate, eps, block_rows):
+    first = pl.program_id(0) * block_rows
+    r, c, m = pk.row_col_mask(first, block_rows, rows, y_ref.shape[-1], width)
+    h, _ = _h(x_ref, bias_ref, res_ref, seed_ref, m, r, c, width=width, rate=rate)
+    mean = jnp.sum(h, axis=1) / width
+    centered = jnp.where(m, h - mean[:, None], 0.0)
+    rstd = jax.lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
+    scale = pk.load(scale_ref, c < width, 0.0).astype(jnp.float32)
+    shift = pk.load(shift_ref, c < width, 0.0).astype(jnp.float32)
+    pk.store(y_ref, centered * rstd[:, None] * scale[None, :] + shift[None, :], m)
+    pk.store(mean_ref, mean, r < rows)
+    pk.store(rstd_ref, rstd, r < rows)
+
+
+def _bwd_kernel(x_ref, bias_ref, res_ref, scale_ref, seed_ref, mean_ref, rstd_ref, dy_ref,
+                dx_ref, dres_ref, dscale_ref, dshift_ref, dbias_ref, *,
+                rows, width, rate, block_rows, rows_per_program):
+    wp = x_ref.shape[-1]
+    program_first = pl.program_id(0) * rows_per_program
+    scale = pk.load(scale_ref, jnp.arange(wp) < width, 0.0).astype(jnp.float32)
+
+    def chunk(j, sums):
+        first = program_first + j * block_rows
+        r, c, m = pk.row_col_mask(first, block_rows, rows, wp, width)
+        rs = pl.ds(j * block_rows, block_rows)
+        at = lambda ref: None if ref is None else ref.at[rs, :]  # noqa: E731
+        h, keep = _h(at(x_ref), bias_ref, at(res_ref), seed_ref, m, r, c, width=width, rate=rate)
+        mean = pk.load(mean_ref.at[rs], r < rows, 0.0)
+        rstd = pk.load(rstd_ref.at[rs], r < rows, 0.0)
+        xhat = jnp.where(m, (h - mean[:, None]) * rstd[:, None], 0.0)
+        dy = pk.load(dy_ref.at[rs, :], m, 0.0).astype(jnp.float32)
+        dyg = dy * scale[None, :]
+        # d/dh of LN: rstd * (dyg - mean(dyg) - xhat * mean(dyg * xhat))   (biased variance, as the reference)
+        c1 = jnp.sum(dyg, axis=1) / width
+        c2 = jnp.sum(dyg * xhat, axis=1) / width
+        dh = jnp.where(m, (dyg - c1[:, None] - xhat * c2[:, None]) * rstd[:, None], 0.0)
+        dx = dh if keep is None else jnp.where(keep, dh / (1.0 - rate), 0.0)
+        pk.store(dx_ref.at[rs, :], dx, m)
+        if dres_ref is not None:
+            pk.store(dres_ref.at[rs, :], dh, m)
+        dscale, dshift, dbias = sums
+        return dscale + jnp.sum(dy * xhat, axis=0), dshift + jnp.sum(dy, axis=0), dbias + jnp.sum(dx, axis=0)
+
+    zero = jnp.zeros((wp,), jnp.float32)
+    dscale, dshift, dbias = jax.lax.fori_loop(0, rows_per_program // block_rows, chunk, (zero, zero, zero))
+    cm = (jnp.arange(wp) < width)[None, :]
+    pk.store(dscale_ref, dscale[None, :], cm)
+    pk.store(dshift_ref, dshift[None, :], cm)
+    if dbias_ref is not None:
+        pk.store(dbias_ref, dbias[None, :], cm)
+
+
+def _specs(block_rows, wp, *refs_kinds):
+    """BlockSpecs by kind: 'rows' (R, D) tiles, 'vec' (D,) whole, 'stat' (R,) tiles, 'seed' (4,) whole."""
+    make = {
+        "rows": lambda: pl.BlockSpec((block_rows, wp), lambda i: (i, 0)),
+        "vec": lambda: pl.BlockSpec((wp,), lambda i: (0,)),
+        "stat": lambda: pl.BlockSpec((block_rows,), lambda i: (i,)),
+        "seed": lambda: pl.BlockSpec((4,), lambda i: (0,)),
+        "part": lambda: pl.BlockSpec((1, wp), lambda i: (i, 0)),
+    }
+    return [make[k]() for k in refs_kinds]
+
+
+def _drop_none(specs, args):
+    """pallas_call takes no None operands: the kernel gets them back as static Nones via `_with_nones`."""
+    present = [a is not None for a in args]
+    return [s for s, p in zip(specs, present) if p], [a for a in args if a is not None], present
+
+
+def _with_nones(kernel, present_in, present_out):
+    @functools.wraps(kernel)
+    def body(*refs):
+        refs = list(refs)
+        full = []
+        for p in present_in + present_out:
+            full.append(refs.pop(0) if p else None)
+        return kernel(*full)
+    return body
+
+
+def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret, blocks: Blocks):
+    """x, residual: (R, D); bias, scale, shift: (D,); seed_words uint32[4]. Returns y, mean (R,), rstd (R,)."""
+    rows, width = x.shape
+    wp, br = pk.next_pow2(width), blocks.block_rows
+    out_dtype = (residual if residual is not None else x).dtype
+    specs, args, present = _drop_none(_specs(br, wp, "rows", "vec", "rows", "vec", "vec", "seed"),
+                                      [x, bias, residual, scale, shift, seed_words])
+    kernel = functools.partial(_fwd_kernel, rows=rows, width=width, rate=rate, eps=eps, block_rows=br)
+    return pl.pallas_call(
+        _with_nones(kernel, present, [True] * 3),
+        out_shape=(jax.ShapeDtypeStruct((rows, width), out_dtype),
+                   jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.float32)),
+        grid=(pl.cdiv(rows, br),),
+        in_specs=specs,
+        out_specs=_specs(br, wp, "rows", "stat", "stat"),
+        compiler_params=pk.compiler_params(blocks.num_warps),
+        interpret=interpret,
+        name="bdrln_fwd",
+    )(*args)
+
+
+def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, interpret, blocks: Blocks):
+    """Returns dx (R, D), d_residual (R, D) or None, and partial sums (G, D) of d_scale, d_shift, d_bias (or None)."""
+    rows, width = x.shape
+    wp = pk.next_pow2(width)
+    br = blocks.bwd_block_rows
+    rpp = max(br, min(blocks.bwd_rows_per_program, pk.next_pow2(rows)))
+    groups = pl.cdiv(rows, rpp)
+    # Without dropout dx == d_residual: write it once (the caller reuses it) and save a pass over R x D.
+    want_dres = residual is not None and bool(rate)
+    in_specs, args, present = _drop_none(
+        _specs(rpp, wp, "rows", "vec", "rows", "vec", "seed", "stat", "stat", "rows"),
+        [x, bias, residual, scale, seed_words, mean, rstd, dy])
+    outs = [(jax.ShapeDtypeStruct((rows, width), x.dtype), "rows"),
+            (jax.ShapeDtypeStruct((rows, width), residual.dtype) if want_dres else None, "rows"),
+            (jax.ShapeDtypeStruct((groups, width), jnp.float32), "part"),
+            (jax.ShapeDtypeStruct((groups, width), jnp.float32), "part"),
+            (jax.ShapeDtypeStruct((groups, width), jnp.float32) if bias is not None else None, "part")]
+    present_out = [o is not None for o, _ in outs]
+    out_specs = [s for (o, _), s in zip(outs, _specs(rpp, wp, *(k for _, k in outs))) if o is not None]
+    kernel = functools.partial(_bwd_kernel, rows=rows, width=width, rate=rate, block_rows=br,
+                               rows_per_program=rpp)
+    results = iter(pl.pallas_call(
+        _with_nones(kernel, present, present_out),
+        out_shape=tuple(o for o, _ in outs if o is not None),
+        grid=(groups,),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        compiler_params=pk.compiler_params(blocks.bwd_num_warps),
+        interpret=interpret,
+        name="bdrln_bwd",
+    )(*args))
+    return tuple(next(results) if p else None for p in present_out)

@@ -1,0 +1,24 @@
+"""Reference MLM cross-entropy in jax.numpy: materialises the float32 logits (..., V), as `MLMHead` does today."""
+
+import jax
+import jax.numpy as jnp
+
+
+def mlm_cross_entropy(h, embedding, output_bias, labels):
+    """Per-position softmax cross-entropy of the tied MLM decoder and its argmax prediction.
+
+    Args:
+      h: (..., D) hidden states after the head's layernorm, in the compute dtype.
+      embedding: (V, D) word embeddings (the tied decoder); cast to h's dtype for the dot, as in `MLMHead`.
+      output_bias: (V,) decoder bias, added in float32.
+      labels: (...) int labels in [0, V).
+
+    Returns:
+      nll: float32 (...) = logsumexp(logits) - logits[label].
+      predictions: int32 (...) = argmax(logits) (first index on ties).
+    """
+    logits = jnp.einsum("...D,VD->...V", h, embedding.astype(h.dtype), preferred_element_type=jnp.float32)
+    logits = logits + output_bias.astype(jnp.float32)
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return logz - label_logit, jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -1,0 +1,216 @@
+"""Fused Pallas kernels against their jax.numpy references: forward and VJP, fp32 and bf16, odd widths, dropout.
+
+On the CPU the kernels run in interpret mode (the math); the `gpu`-marked tests compile them through Triton.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import pallas_kernels.bias_dropout_residual_layernorm as bdrln
+import pallas_kernels.bias_gelu as bias_gelu
+import pallas_kernels.softmax as softmax
+from jaxformer import BertConfig, BertForPreTraining
+from pallas_kernels.dropout import seed_from_key
+
+TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all()
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def _check_vjp(fused, ref, args, dtype, key, interpret=None):
+    """Forward and VJP (random cotangent) of `fused` equal `ref`'s on `args`."""
+    with jax.default_matmul_precision("highest"):
+        y, vjp = jax.vjp(fused, *args)
+        y_ref, vjp_ref = jax.vjp(ref, *args)
+        g = jax.random.normal(key, y.shape, y.dtype)
+        grads, grads_ref = vjp(g), vjp_ref(g)
+    assert y.dtype == y_ref.dtype and y.shape == y_ref.shape
+    assert _rel(y, y_ref) < TOL[dtype], "forward"
+    for i, (a, b) in enumerate(zip(grads, grads_ref)):
+        assert a.shape == b.shape and a.dtype == b.dtype, i
+        assert _rel(a, b) < TOL[dtype], f"gradient {i}: {_rel(a, b)}"
+
+
+def _bdrln_case(shape, dtype, rate, seed, interpret=None):
+    k = jax.random.split(jax.random.key(seed), 8)
+    d = shape[-1]
+    x, res = (jax.random.normal(k[i], shape, dtype) for i in (0, 1))
+    bias, shift = (jax.random.normal(k[i], (d,)) for i in (2, 3))
+    scale = 1 + 0.2 * jax.random.normal(k[4], (d,))
+    drop_seed = seed_from_key(k[5])
+    kw = dict(seed=drop_seed, rate=rate, eps=1e-12)
+    _check_vjp(lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, interpret=interpret),
+               lambda *a: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw),
+               (x, bias, res, scale, shift), dtype, k[6])
+
+
+@pytest.mark.parametrize("shape,dtype,rate", [
+    ((2, 5, 96), jnp.float32, 0.0),       # rows not a multiple of the tile, width not a power of two
+    ((3, 7, 40), jnp.float32, 0.3),
+    ((2, 8, 768), jnp.bfloat16, 0.1),      # BERT-base width
+    ((16, 1024), jnp.bfloat16, 0.0),       # BERT-large width
+])
+def test_bdrln_matches_reference(shape, dtype, rate):
+    _bdrln_case(shape, dtype, rate, seed=len(shape) + shape[-1])
+
+
+def test_layer_norm_matches_reference():
+    k = jax.random.split(jax.random.key(7), 3)
+    x = jax.random.normal(k[0], (3, 6, 96)) * 3 + 1
+    scale, shift = 1 + 0.2 * jax.random.normal(k[1], (96,)), jax.random.normal(k[2], (96,))
+    _check_vjp(lambda *a: bdrln.layer_norm(*a, eps=1e-12), lambda *a: bdrln.reference.layer_norm(*a, eps=1e-12),
+               (x, scale, shift), jnp.float32, k[0])
+
+
+def _bias_gelu_case(shape, dtype, rate, seed, interpret=None):
+    k = jax.random.split(jax.random.key(seed), 4)
+    x = 2 * jax.random.normal(k[0], shape, dtype)
+    bias = jax.random.normal(k[1], (shape[-1],))
+    kw = dict(seed=seed_from_key(k[2]), rate=rate)
+    _check_vjp(lambda *a: bias_gelu.bias_gelu(*a, **kw, interpret=interpret),
+               lambda *a: bias_gelu.reference.bias_gelu(*a, **kw), (x, bias), dtype, k[3])
+
+
+@pytest.mark.parametrize("shape,dtype,rate", [
+    ((3, 5, 96), jnp.float32, 0.0),
+    ((37, 40), jnp.float32, 0.3),
+    ((2, 8, 3072), jnp.bfloat16, 0.1),    # BERT-base FF: three 1024-wide column blocks
+])
+def test_bias_gelu_matches_reference(shape, dtype, rate):
+    _bias_gelu_case(shape, dtype, rate, seed=shape[-1])
+
+
+def _softmax_case(shape, dtype, rate, seed, interpret=None):
+    b, n, s, t = shape
+    k = jax.random.split(jax.random.key(seed), 4)
+    x = 4 * jax.random.normal(k[0], shape, dtype)
+    lengths = jnp.array([t, t - 3, 1, 0][:b])  # full, padded, one key, no key at all (uniform, never NaN)
+    mask = jnp.arange(t)[None, :] < lengths[:, None]
+    kw = dict(scale=s ** -0.5, seed=seed_from_key(k[1]), rate=rate)
+    _check_vjp(lambda x: softmax.scaled_masked_softmax(x, mask, **kw, interpret=interpret),
+               lambda x: softmax.reference.scaled_masked_softmax(x, mask, **kw), (x,), dtype, k[2])
+
+
+@pytest.mark.parametrize("shape,dtype,rate", [
+    ((4, 3, 4, 6), jnp.float32, 0.0),
+    ((2, 3, 8, 40), jnp.float32, 0.3),
+    ((2, 2, 16, 128), jnp.bfloat16, 0.1),
+])
+def test_softmax_matches_reference(shape, dtype, rate):
+    _softmax_case(shape, dtype, rate, seed=shape[-1])
+
+
+def test_kernel_dropout_keeps_the_rate_and_differs_across_seeds():
+    x = jnp.ones((64, 512), jnp.float32)
+    bias = jnp.zeros((512,))
+    kept = [np.asarray(bias_gelu.bias_gelu(x + 3.0, bias, seed=seed_from_key(jax.random.key(i)), rate=0.25)) != 0
+            for i in range(2)]
+    for m in kept:
+        assert abs(m.mean() - 0.75) < 0.01
+    assert abs(np.corrcoef(kept[0].ravel(), kept[1].ravel())[0, 1]) < 0.02
+
+
+def test_bad_shapes_are_named():
+    x = jnp.ones((4, 8))
+    with pytest.raises(ValueError, match="bias.shape"):
+        bdrln.bias_dropout_residual_layernorm(x, jnp.ones(7), x, jnp.ones(8), jnp.ones(8), seed=None, rate=0.0,
+                                              eps=1e-12)
+    with pytest.raises(ValueError, match="residual.shape"):
+        bdrln.bias_dropout_residual_layernorm(x, jnp.ones(8), x[:2], jnp.ones(8), jnp.ones(8), seed=None, rate=0.0,
+                                              eps=1e-12)
+    with pytest.raises(ValueError, match="mask.shape"):
+        softmax.scaled_masked_softmax(jnp.ones((2, 2, 4, 4)), jnp.ones((2, 5), bool), scale=1.0)
+
+
+def test_kernels_run_per_batch_shard_under_a_mesh():
+    """Under a data mesh the kernels run inside shard_map: same values and parameter gradients, no double counting."""
+    mesh = jax.make_mesh((4,), ("data",))
+    k = jax.random.split(jax.random.key(11), 6)
+    x, res = jax.random.normal(k[0], (8, 4, 96)), jax.random.normal(k[1], (8, 4, 96))
+    bias, shift, scale = jax.random.normal(k[2], (96,)), jax.random.normal(k[3], (96,)), jnp.ones(96)
+    seed = seed_from_key(k[4])
+
+    def loss(fn, x, bias, res, scale, shift):
+        y = fn(x, bias, res, scale, shift, seed=seed, rate=0.2, eps=1e-12)
+        return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape)))
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(1, 2, 3, 4, 5)), static_argnums=0)
+    expected = grad(bdrln.reference.bias_dropout_residual_layernorm, x, bias, res, scale, shift)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    with jax.set_mesh(mesh):
+        got = grad(bdrln.bias_dropout_residual_layernorm, jax.device_put(x, sharding), bias,
+                   jax.device_put(res, sharding), scale, shift)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    for a, b in zip(got[1], expected[1]):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_flash_attention_per_batch_shard_draws_the_unsharded_masks():
+    from pallas_kernels.attention import attention, sharded_flash_attention
+    mesh = jax.make_mesh((4,), ("data",))
+    k = jax.random.split(jax.random.key(12), 4)
+    q, kk, v = (jax.random.normal(k[i], (8, 32, 2, 16)) for i in range(3))
+    mask = jnp.arange(32)[None, :] < jnp.arange(8, 40, 4)[:, None]
+    seed = seed_from_key(k[3])
+    f = jax.jit(lambda q, k, v: sharded_flash_attention(q, k, v, mask, seed=seed, rate=0.3))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    with jax.default_matmul_precision("highest"):
+        expected = attention(q, kk, v, mask, seed=seed, rate=0.3)
+        with jax.set_mesh(mesh):
+            got = f(*(jax.device_put(a, sharding) for a in (q, kk, v)))
+    assert _rel(got, expected) < 1e-5
+
+
+def test_model_pallas_equals_xla():
+    """The whole model with kernels='pallas' equals kernels='xla': outputs and gradients with dropout off,
+    and, with dropout on, the same masks (the kernels draw the references' counter-based masks)."""
+    ids = jax.random.randint(jax.random.key(0), (2, 16), 0, 97)
+    types = jnp.zeros_like(ids)
+    mask = jnp.ones_like(ids).at[1, 9:].set(0)
+    models = {k: BertForPreTraining(BertConfig.preset("tiny", dtype="float32", vocab_size=97,
+                                                      max_position_embeddings=32, kernels=k), rngs=nnx.Rngs(0))
+              for k in ("xla", "pallas")}
+
+    def loss(model, deterministic):
+        out = model(ids, types, mask, deterministic=deterministic, dropout_key=jax.random.key(5))
+        return jnp.sum(out.mlm_logits * 1e-2) + jnp.sum(out.nsp_logits)
+
+    with jax.default_matmul_precision("highest"):
+        for deterministic in (True, False):
+            res = {k: nnx.value_and_grad(loss)(m, deterministic) for k, m in models.items()}
+            assert _rel(res["pallas"][0], res["xla"][0]) < 1e-5
+            leaves = zip(jax.tree.leaves(nnx.state(res["pallas"][1])), jax.tree.leaves(nnx.state(res["xla"][1])))
+            for a, b in leaves:
+                assert _rel(a, b) < 1e-4
+
+
+# --- compiled for real on a GPU (skipped without one) --------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,width", [(8192, 768), (8192, 1024), (4096, 1000)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_gpu_bdrln(rows, width, dtype):
+    _bdrln_case((rows, width), dtype, 0.1, seed=rows + width, interpret=False)
+    _bdrln_case((rows, width), dtype, 0.0, seed=rows + width + 1, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,width", [(8192, 3072), (8192, 4096), (1000, 1000)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_gpu_bias_gelu(rows, width, dtype):
+    _bias_gelu_case((rows, width), dtype, 0.1, seed=rows + width, interpret=False)
+    _bias_gelu_case((rows, width), dtype, 0.0, seed=rows + width + 1, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 16, 128, 128), (4, 16, 512, 512), (3, 12, 128, 128)])
+def test_gpu_softmax(shape):
+    _softmax_case(shape, jnp.bfloat16, 0.1, seed=shape[-1], interpret=False)
+    _softmax_case(shape, jnp.float32, 0.0, seed=shape[-1] + 1, interpret=False)

@@ -1,0 +1,149 @@
+"""Chunked MLM cross-entropy against the reference that materialises the logits: values, argmax and gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.mlm_loss import mlm_cross_entropy, mlm_cross_entropy_chunked
+
+
+def _inputs(lead, v, d, h_dtype, e_dtype, seed=0):
+    """Random inputs with logits of standard deviation ~2 (neither uniform nor one-hot softmax), labels that include
+    the first and last columns, and weights with some zeros (the overlap columns have their own test)."""
+    rng = np.random.default_rng(seed)  # numpy, not jax.random: no per-shape compiles in a test that must be fast
+    h = jnp.asarray(rng.standard_normal((*lead, d), np.float32)).astype(h_dtype)
+    e = jnp.asarray(2.0 / np.sqrt(d) * rng.standard_normal((v, d), np.float32)).astype(e_dtype)
+    bias = jnp.asarray(0.5 * rng.standard_normal(v, np.float32))
+    labels = rng.integers(0, v, lead).reshape(-1)
+    edge = [0, v - 1, v - 2, v // 2, max(v - 300, 0)][: labels.size]
+    labels[: len(edge)] = edge
+    weights = rng.uniform(size=lead).astype(np.float32) * (np.arange(np.prod(lead)).reshape(lead) % 5 != 3)
+    return h, e, bias, jnp.asarray(labels.reshape(lead), jnp.int32), jnp.asarray(weights)
+
+
+def _run(fn, h, e, bias, labels, weights):
+    """One jitted program per implementation: (nll, predictions) and the grads of sum(nll * weights)."""
+    def loss(h, e, bias):
+        nll, pred = fn(h, e, bias, labels)
+        return jnp.sum(nll * weights), (nll, pred)
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(h, e, bias)
+    return out, grads
+
+
+def _logits64(h, e, bias):
+    return np.einsum("...d,vd->...v", np.asarray(h, np.float64), np.asarray(e, np.float64)) + np.asarray(bias)
+
+
+def _close(actual, expected, rtol):
+    """Relative to each tensor's scale: an element near zero is judged against the largest element."""
+    a, x = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+    np.testing.assert_allclose(a, x, rtol=rtol, atol=rtol * np.abs(x).max())
+
+
+def _check_predictions(pred, pred_ref, logits, tol):
+    """Argmax equal, except where two logits tie within the rounding of the chunked GEMM."""
+    pred, pred_ref = np.asarray(pred), np.asarray(pred_ref)
+    assert pred.dtype == np.int32 and pred.shape == pred_ref.shape
+    picked = np.take_along_axis(logits, pred[..., None], -1)[..., 0]
+    np.testing.assert_array_less(logits.max(-1) - picked, tol + 1e-6)
+    assert (pred == pred_ref).mean() >= 0.98
+
+
+def _chunked(chunk):
+    return lambda *a: mlm_cross_entropy_chunked(*a, chunk=chunk)
+
+
+CASES = [  # lead, V, D, chunk
+    ((37,), 1000, 32, 256),      # V not a multiple of the chunk: the last chunk overlaps the previous one
+    ((4, 9), 512, 48, 128),      # V a multiple of the chunk
+    ((2, 3, 5), 100, 16, 256),   # chunk larger than V: one chunk
+    ((20,), 61, 8, 7),           # many small chunks, the last one overlaps by 2 columns
+]
+
+
+@pytest.mark.parametrize("lead,v,d,chunk", CASES)
+def test_fp32_matches_reference(lead, v, d, chunk):
+    h, e, bias, labels, w = _inputs(lead, v, d, jnp.float32, jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        (nll, pred), grads = _run(_chunked(chunk), h, e, bias, labels, w)
+        (nll_ref, pred_ref), grads_ref = _run(mlm_cross_entropy, h, e, bias, labels, w)
+    assert nll.dtype == jnp.float32 and nll.shape == lead and np.all(np.asarray(nll) > 0)
+    _close(nll, nll_ref, 1e-5)
+    logits = _logits64(h, e, bias)
+    _check_predictions(pred, pred_ref, logits, 1e-5)
+    for g, g_ref, x in zip(grads, grads_ref, (h, e, bias)):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        _close(g, g_ref, 1e-5)
+    # What `pretraining_losses` reports: the weighted mean loss and the weighted count of correct predictions.
+    w, lab = np.asarray(w, np.float64), np.asarray(labels)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll64 = logz - np.take_along_axis(logits, lab[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.sum(np.asarray(nll) * w) / w.sum(), np.sum(nll64 * w) / w.sum(), rtol=1e-5)
+    assert np.sum((np.asarray(pred) == lab) * w) == pytest.approx(np.sum((logits.argmax(-1) == lab) * w))
+
+
+@pytest.mark.parametrize("lead,v,d,chunk,e_dtype", [(*CASES[0], jnp.bfloat16), (*CASES[1], jnp.float32)])
+def test_bf16_matches_reference(lead, v, d, chunk, e_dtype):
+    """bf16 hidden states, with bf16 embeddings or the float32 parameter cast chunk by chunk (the model's case)."""
+    h, e, bias, labels, w = _inputs(lead, v, d, jnp.bfloat16, e_dtype, seed=1)
+    (nll, pred), grads = _run(_chunked(chunk), h, e, bias, labels, w)
+    (nll_ref, pred_ref), grads_ref = _run(mlm_cross_entropy, h, e, bias, labels, w)
+    assert nll.dtype == jnp.float32
+    _close(nll, nll_ref, 2e-2)
+    _check_predictions(pred, pred_ref, _logits64(h, e.astype(jnp.bfloat16), bias), 2e-2)
+    for g, g_ref, x in zip(grads, grads_ref, (h, e, bias)):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        _close(g, g_ref, 2e-2)
+
+
+def test_overlapped_columns_counted_once():
+    """A dominant logit and labels inside the last chunk's overlap: it wins the argmax, enters logz once, and its
+    dE/d_bias rows are not doubled."""
+    h, e, bias, labels, w = _inputs((12,), 1000, 32, jnp.float32, jnp.float32, seed=3)
+    bias = bias.at[750].set(20.0)  # chunk 256: the last chunk reads [744, 1000), 744..767 belong to chunk 2
+    labels = labels.at[3:6].set(jnp.array([744, 750, 767]))
+    with jax.default_matmul_precision("highest"):
+        (nll, pred), grads = _run(_chunked(256), h, e, bias, labels, w)
+        (nll_ref, pred_ref), grads_ref = _run(mlm_cross_entropy, h, e, bias, labels, w)
+    _close(nll, nll_ref, 1e-5)
+    np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
+    assert np.all(np.asarray(pred) == 750)
+    for g, g_ref in zip(grads, grads_ref):
+        _close(g, g_ref, 1e-5)
+
+
+def test_jitted_memory_is_below_the_logits():
+    """Forward + backward at N=512, V=30522 (fp32 logits 62 MB): the chunked temporaries stay far below that."""
+    n, v, d = 512, 30522, 64
+    h, e, bias = jnp.ones((n, d), jnp.bfloat16), jnp.ones((v, d), jnp.float32), jnp.ones((v,), jnp.float32)
+    labels = jnp.zeros((n,), jnp.int32)
+
+    def temp_bytes(fn):
+        grad = jax.grad(lambda h, e, b: jnp.sum(fn(h, e, b, labels)[0]), argnums=(0, 1, 2))
+        stats = jax.jit(grad).lower(h, e, bias).compile().memory_analysis()
+        return None if stats is None else stats.temp_size_in_bytes
+
+    chunked = temp_bytes(lambda *a: mlm_cross_entropy_chunked(*a, chunk=2048))
+    reference = temp_bytes(mlm_cross_entropy)
+    if chunked is None or reference is None:
+        pytest.skip("no memory analysis on this backend")
+    logits_bytes = n * v * 4
+    assert reference >= logits_bytes
+    assert chunked < logits_bytes // 4, (chunked, reference)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"e": jnp.ones((10, 7))}, "embedding"),
+    ({"bias": jnp.ones((9,))}, "output_bias"),
+    ({"labels": jnp.zeros((3,), jnp.int32)}, "labels shape"),
+    ({"labels": jnp.zeros((2, 4), jnp.float32)}, "labels must be integers"),
+    ({"chunk": 0}, "chunk=0"),
+])
+def test_bad_input_raises(kwargs, match):
+    args = {"h": jnp.ones((2, 4, 8)), "e": jnp.ones((10, 8)), "bias": jnp.ones((10,)),
+            "labels": jnp.zeros((2, 4), jnp.int32), "chunk": 4}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        mlm_cross_entropy_chunked(args["h"], args["e"], args["bias"], args["labels"], chunk=args["chunk"])
