@@ -35,10 +35,13 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int) -> Blocks:
+    """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): ~4096-element forward tiles, small
+    backward chunks with 16 rows per program (512 programs at 8192 rows: enough in flight to cover the latency)."""
     del rows
-    # Keep a tile at ~4096 elements: enough loads in flight per program without spilling registers.
-    br = max(1, 4096 // pk.next_pow2(width))
-    return Blocks(block_rows=br, bwd_block_rows=br)
+    if pk.next_pow2(width) <= 1024:
+        return Blocks(block_rows=max(1, 4096 // pk.next_pow2(width)), num_warps=8,
+                      bwd_block_rows=2, bwd_rows_per_program=16, bwd_num_warps=4)
+    return Blocks(block_rows=1, num_warps=8, bwd_block_rows=1, bwd_rows_per_program=16, bwd_num_warps=8)
 
 
 def _h(x_ref, bias_ref, res_ref, seed_ref, m, r, c, *, width, rate):

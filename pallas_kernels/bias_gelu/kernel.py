@@ -31,10 +31,15 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int) -> Blocks:
+    """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): 8 x 1024 tiles; the backward with 8 warps."""
     del rows
     bc = min(pk.next_pow2(width), 1024)
     br = max(1, 8192 // bc)
-    return Blocks(block_rows=br, block_cols=bc, bwd_block_rows=br)
+    if width >= 4096:
+        return Blocks(block_rows=br, block_cols=bc, num_warps=8, bwd_block_rows=4, bwd_rows_per_program=16,
+                      bwd_num_warps=8)
+    return Blocks(block_rows=br, block_cols=bc, num_warps=4, bwd_block_rows=br, bwd_rows_per_program=64,
+                  bwd_num_warps=8)
 
 
 def _tile(x_ref, bias_ref, seed_ref, first_row, first_col, *, rows, width, rate, block_rows, block_cols):
