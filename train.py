@@ -53,8 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, default=20, help="held-out batches per evaluation")
     p.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps (and at the end)")
     p.add_argument("--log-every", type=int, default=20, help="write metrics every N steps")
-    p.add_argument("--kernels", choices=("xla", "pallas"), default="xla",
-                   help="implementation of the fused operators (see jaxformer/ops.py)")
+    p.add_argument("--kernels", choices=("auto", "xla", "pallas"), default="auto",
+                   help="implementation of the fused operators: auto = pallas on a GPU, xla elsewhere "
+                        "(see jaxformer/ops.py)")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
                    help="recompute layer activations in the backward pass to save memory")

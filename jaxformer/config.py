@@ -14,7 +14,7 @@ from typing import Any
 import jax.numpy as jnp
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
-KERNELS = ("xla", "pallas")
+KERNELS = ("auto", "xla", "pallas")
 REMAT_POLICIES = ("none", "full", "dots")
 
 # name -> (num_hidden_layers, hidden_size, num_attention_heads, intermediate_size)
@@ -53,7 +53,8 @@ class BertConfig:
     * `dtype`: compute dtype of the contractions and activations (default bfloat16). Layernorm statistics,
       softmax and losses are always computed in float32.
     * `param_dtype`: storage dtype of the parameters (default float32).
-    * `kernels`: `"xla"` (plain jax.numpy, fused by XLA) or `"pallas"` (fused Pallas kernels), see `jaxformer.ops`.
+    * `kernels`: `"xla"` (plain jax.numpy, fused by XLA), `"pallas"` (fused Pallas kernels) or `"auto"` (pallas on a
+      GPU, where it is measured faster, xla elsewhere: interpret mode on a CPU is for tests), see `jaxformer.ops`.
     * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
       layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
       mean `"full"`/`"none"`.
@@ -74,7 +75,7 @@ class BertConfig:
     initializer_range: float = 0.02
     dtype: Any = "bfloat16"
     param_dtype: Any = "float32"
-    kernels: str = "xla"
+    kernels: str = "auto"
     remat: Any = "none"
 
     def __post_init__(self):
@@ -182,7 +183,7 @@ class TrainConfig:
     eval_batches: int = 20
     save_every: int = 200
     log_every: int = 20
-    kernels: str = "xla"
+    kernels: str = "auto"
     dtype: str = "bfloat16"
     remat: str = "none"
     profile_steps: tuple[int, int] | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import types
 
+import jax
 import jax.numpy as jnp
 
 import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
@@ -49,8 +50,16 @@ TABLE = {
 }
 
 
+def resolve(kernels: str) -> str:
+    """"auto" is "pallas" on a GPU (measured faster: benchmarks/results/kernels-h200.md) and "xla" elsewhere."""
+    if kernels == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return kernels
+
+
 def select(kernels: str) -> types.SimpleNamespace:
-    """The operators for `kernels` ("xla" or "pallas"), as attributes named like the rows of `TABLE`."""
+    """The operators for `kernels` ("xla", "pallas" or "auto"), as attributes named like the rows of `TABLE`."""
+    kernels = resolve(kernels)
     chosen = {}
     for op, impls in TABLE.items():
         if kernels not in impls:

@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from . import ops
 from .config import BertConfig, TrainConfig
 from .data import DataConfig, Prefetcher, PretrainingData, builtin_corpus, load_or_train_tokenizer
 from .model import BertForPreTraining
@@ -244,7 +245,7 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         state = ckpt.restore(start, state)
         log(f"resumed from {ckpt_dir / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
-    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={cfg.kernels}) on "
+    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={ops.resolve(cfg.kernels)}) on "
         f"{n_dev} {jax.devices()[0].platform} device(s); {tc.optimizer}, lr {tc.peak_lr}, batch {tc.batch_size}")
 
     eval_batches = [jax.device_put(b, batch_sharding) for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]

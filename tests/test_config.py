@@ -11,7 +11,7 @@ def test_presets(name, layers, hidden, heads, ff):
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size) == \
         (layers, hidden, heads, ff)
     assert cfg.vocab_size == 30522 and cfg.head_dim == hidden // heads
-    assert cfg.dtype == "bfloat16" and cfg.param_dtype == "float32" and cfg.kernels == "xla"
+    assert cfg.dtype == "bfloat16" and cfg.param_dtype == "float32" and cfg.kernels == "auto"
 
 
 def test_overrides_and_dtype_normalisation():
