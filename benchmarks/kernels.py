@@ -165,8 +165,23 @@ def tune_candidates(blocks_cls, pass_):
     if blocks_cls is softmax.kernel.Blocks:
         return [dataclasses.replace(d, bwd_block_rows=br, bwd_num_warps=w)
                 for br, w in ((4, 4), (8, 4), (16, 8), (32, 8))]
-    return [dataclasses.replace(d, bwd_block_rows=br, bwd_rows_per_program=rpp, bwd_num_warps=w)
-            for br, rpp, w in ((1, 8, 4), (2, 16, 4), (4, 16, 8), (4, 32, 8), (8, 32, 8), (8, 64, 8))]
+    return [dataclasses.replace(d, bwd_block_rows=br, bwd_rows_per_program=rpp, bwd_num_warps=w, bwd_num_stages=st)
+            for br, rpp, w in ((2, 16, 4), (4, 16, 8), (8, 64, 8), (8, 32, 8)) for st in (1, 2, 3)]
+
+
+def check_against(fn, ref, args, n_in, pass_):
+    """Relative L2 error of `fn` vs the XLA reference on the benchmark's inputs (output, and gradients for fwd+bwd):
+    every timed Pallas configuration is also a correctness check on the GPU."""
+    def outs(f):
+        if pass_ == "fwd":
+            return [f(*args)]
+        y, vjp = jax.vjp(f, *args)
+        return [y] + jax.tree.leaves(vjp(y)[:n_in])
+    errs = []
+    for a, b in zip(outs(fn), outs(ref)):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        errs.append(float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(b), 1e-30)))
+    return max(errs)
 
 
 def main():
@@ -174,6 +189,7 @@ def main():
     ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,layer")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--only", default="", help="run only the shapes whose label contains this text")
+    ap.add_argument("--passes", default="fwd,fwd+bwd", help="which passes to time")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tune", action="store_true", help="time each block-size candidate of the Pallas kernels")
     ap.add_argument("--json", help="also write the rows to this file")
@@ -191,6 +207,9 @@ def main():
         if a.only not in label:
             continue
         for name, nbytes in (("fwd", bytes_f), ("fwd+bwd", bytes_fb)):
+            if name not in a.passes.split(","):
+                continue
+
             def step_for(fn, name=name, n_in=n_in):
                 if name == "fwd":
                     return lambda c: (fn(*c),) + tuple(c[1:])
@@ -204,6 +223,10 @@ def main():
                 for blk in candidates:
                     fn = (lambda *x, blk=blk, fn0=fn0: fn0(*x, blocks=blk)) if blk else fn0
                     try:
+                        if impl.startswith("pallas"):
+                            err = check_against(fn, impls["xla"], args, n_in, name)
+                            if not err < 2e-2:
+                                raise AssertionError(f"relative error {err:.2e} against the XLA reference")
                         t = per_iteration(step_for(fn), args, a.repeats)
                     except Exception as e:  # a candidate that does not compile is reported and skipped
                         print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)

@@ -32,6 +32,8 @@ class Blocks:
     bwd_block_rows: int = 4
     bwd_rows_per_program: int = 64
     bwd_num_warps: int = 4
+    num_stages: int = 1
+    bwd_num_stages: int = 1  # >1 lets Triton prefetch the next chunk of the backward's row loop
 
 
 def default_blocks(rows: int, width: int) -> Blocks:
@@ -155,7 +157,7 @@ def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret
         grid=(pl.cdiv(rows, br),),
         in_specs=specs,
         out_specs=_specs(br, wp, "rows", "stat", "stat"),
-        compiler_params=pk.compiler_params(blocks.num_warps),
+        compiler_params=pk.compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret,
         name="bdrln_fwd",
     )(*args)
@@ -188,7 +190,7 @@ def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, inte
         grid=(groups,),
         in_specs=in_specs,
         out_specs=out_specs,
-        compiler_params=pk.compiler_params(blocks.bwd_num_warps),
+        compiler_params=pk.compiler_params(blocks.bwd_num_warps, blocks.bwd_num_stages),
         interpret=interpret,
         name="bdrln_bwd",
     )(*args))

@@ -28,6 +28,8 @@ class Blocks:
     bwd_block_rows: int = 8
     bwd_rows_per_program: int = 64
     bwd_num_warps: int = 4
+    num_stages: int = 1
+    bwd_num_stages: int = 1  # >1 lets Triton prefetch the next chunk of the backward's row loop
 
 
 def default_blocks(rows: int, width: int) -> Blocks:
@@ -93,7 +95,7 @@ def forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
         in_specs=[pl.BlockSpec((br, bc), lambda i, j: (i, j)), pl.BlockSpec((bc,), lambda i, j: (j,)),
                   pl.BlockSpec((4,), lambda i, j: (0,))],
         out_specs=pl.BlockSpec((br, bc), lambda i, j: (i, j)),
-        compiler_params=pk.compiler_params(blocks.num_warps),
+        compiler_params=pk.compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret,
         name="bias_gelu_fwd",
     )(x, bias, seed_words)
@@ -114,7 +116,7 @@ def backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
         grid=(groups, pl.cdiv(width, bc)),
         in_specs=[tile, pl.BlockSpec((bc,), lambda i, j: (j,)), pl.BlockSpec((4,), lambda i, j: (0,)), tile],
         out_specs=(tile, pl.BlockSpec((1, bc), lambda i, j: (i, j))),
-        compiler_params=pk.compiler_params(blocks.bwd_num_warps),
+        compiler_params=pk.compiler_params(blocks.bwd_num_warps, blocks.bwd_num_stages),
         interpret=interpret,
         name="bias_gelu_bwd",
     )(x, bias, seed_words, dy)

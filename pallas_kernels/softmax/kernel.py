@@ -28,6 +28,8 @@ class Blocks:
     num_warps: int = 4
     bwd_block_rows: int = 16
     bwd_num_warps: int = 4
+    num_stages: int = 1
+    bwd_num_stages: int = 1  # >1 lets Triton prefetch the next chunk of the backward's row loop
 
 
 def default_blocks(rows_per_sequence: int, width: int) -> Blocks:
@@ -89,7 +91,7 @@ def forward(x, mask, seed_words, *, rows_per_sequence, scale, rate, interpret, b
         grid=(pl.cdiv(rows, br),),
         in_specs=_specs(br, wp, rows_per_sequence),
         out_specs=(pl.BlockSpec((br, wp), lambda i: (i, 0)), pl.BlockSpec((br,), lambda i: (i,))),
-        compiler_params=pk.compiler_params(blocks.num_warps),
+        compiler_params=pk.compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret,
         name="softmax_fwd",
     )(x, mask, seed_words)
@@ -106,7 +108,7 @@ def backward(x, mask, seed_words, lse, dy, *, rows_per_sequence, scale, rate, in
         in_specs=_specs(br, wp, rows_per_sequence) + [pl.BlockSpec((br,), lambda i: (i,)),
                                                       pl.BlockSpec((br, wp), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((br, wp), lambda i: (i, 0)),
-        compiler_params=pk.compiler_params(blocks.bwd_num_warps),
+        compiler_params=pk.compiler_params(blocks.bwd_num_warps, blocks.bwd_num_stages),
         interpret=interpret,
         name="softmax_bwd",
     )(x, mask, seed_words, lse, dy)
