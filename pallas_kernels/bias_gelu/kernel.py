@@ -40,8 +40,9 @@ def default_blocks(rows: int, width: int) -> Blocks:
     if width >= 4096:
         return Blocks(block_rows=br, block_cols=bc, num_warps=8, bwd_block_rows=4, bwd_rows_per_program=16,
                       bwd_num_warps=8)
-    return Blocks(block_rows=br, block_cols=bc, num_warps=4, bwd_block_rows=br, bwd_rows_per_program=64,
-                  bwd_num_warps=8)
+    # F = 3072: a 2-stage pipelined backward (4-row chunks, 16 rows/program, 8 warps) measured 97.6 us vs 122.7.
+    return Blocks(block_rows=br, block_cols=bc, num_warps=4, bwd_block_rows=4, bwd_rows_per_program=16,
+                  bwd_num_warps=8, bwd_num_stages=2)
 
 
 def _tile(x_ref, bias_ref, seed_ref, first_row, first_col, *, rows, width, rate, block_rows, block_cols):
