@@ -9,6 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._pallas import batch_shard_map, resolve_interpret, seed_words
 from . import kernel
 from .kernel import BlockSizes, default_block_sizes
 from .reference import attention
@@ -22,8 +23,6 @@ def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, inte
 
     Each shard passes its first example's index as `batch_offset`, so the dropout masks are the unsharded ones.
     """
-    from .._pallas import batch_shard_map
-
     def run(offset, q, k, v, mask, *seed_arg):
         return flash_attention(q, k, v, mask, seed=seed_arg[0] if seed_arg else None, rate=rate,
                                interpret=interpret, block_sizes=block_sizes, batch_offset=offset)
@@ -47,8 +46,7 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
     rate = float(rate)
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"{rate=} must be in [0, 1)")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
+    interpret = resolve_interpret(interpret)
     if block_sizes is None:
         block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1])
     kernel.check_inputs(q, k, v, mask, block_sizes)
@@ -57,7 +55,7 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
     else:
         if jnp.shape(seed) != (2,):
             raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
-        seed = kernel.seed_words(seed, batch_offset)
+        seed = seed_words(seed, batch_offset)
     return _flash(q, k, v, kernel.mask_code(mask), seed, rate, bool(interpret), block_sizes)
 
 

@@ -105,13 +105,6 @@ def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
             raise ValueError(f"{dim}={length} must be a multiple of {name}={block}")
 
 
-def seed_words(seed, batch_offset=0):
-    """uint32[4] = [seed0, seed1, batch_offset, 0], the kernels' seed operand (4: a power-of-two length)."""
-    u32 = jnp.uint32
-    offset = jnp.asarray(batch_offset, u32).reshape(1)
-    return jnp.concatenate([jnp.asarray(seed).astype(u32).reshape(2), offset, jnp.zeros((1,), u32)])
-
-
 def mask_code(mask):
     """int32 (B, T): 1 at real keys, 0 at padded keys, -1 at every key of an example without real keys."""
     real = mask.astype(bool)
