@@ -1,0 +1,197 @@
+"""jaxformer.hlo_report: flop, bytes and classes of small programs compiled on the CPU, checked by hand."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jaxformer.config import TrainConfig
+from jaxformer.hlo_report import COLLECTIVES, analyze, compiled_hlo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hlo(f, *args):
+    return jax.jit(f).lower(*args).compile().as_text()
+
+
+def spec(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def test_einsum_flop_and_bytes():
+    b, s, d, f = 2, 8, 16, 32
+    rep = analyze(hlo(lambda x, w: jnp.einsum("BSD,DF->BSF", x, w), spec((b, s, d)), spec((d, f))))
+    c = rep.classes()["contraction"]
+    assert c["flop"] == 2 * b * s * d * f
+    assert c["bytes"] == 4 * (b * s * d + d * f + b * s * f)
+    assert rep.to_json()["total_bytes"] == c["bytes"]  # nothing else moves data
+
+
+def test_layernorm_is_normalization():
+    r, d = 64, 128
+
+    def ln(x):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(var + 1e-5)
+
+    classes = analyze(hlo(ln, spec((r, d)))).classes()
+    norm = classes["normalization"]
+    assert norm["count"] >= 1 and norm["flop"] > 0
+    assert norm["bytes"] >= 2 * 4 * r * d  # read x once and write y once, at least
+    assert classes["contraction"]["flop"] == 0
+
+
+def test_fused_elementwise_chain():
+    n = 4096
+    rep = analyze(hlo(lambda x: (x * 2 + 1).astype(jnp.bfloat16), spec((n,))))
+    fusions = [op for op in rep.ops if op.opcode == "fusion"]
+    assert len(fusions) == 1 and fusions[0].cls == "elementwise"
+    assert fusions[0].bytes == 4 * n + 2 * n
+    assert fusions[0].flop >= 2 * n
+
+
+def test_all_reduce_is_a_collective():
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    f = jax.shard_map(lambda x: jax.lax.psum(x, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())
+    rep = analyze(hlo(f, spec((8, 16))))
+    ar = rep.collectives()["all-reduce"]
+    assert ar["count"] == 1
+    assert ar["bytes"] == 2 * 4 * 16  # one (1, 16) f32 shard in, the sum out
+    assert set(rep.collectives()) == set(COLLECTIVES)
+    assert rep.classes()["collective"]["bytes"] == ar["bytes"]
+
+
+def test_while_loop_multiplies_by_trip_count():
+    m, k = 16, 32
+
+    def f(x, ws):
+        return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0]
+
+    rep = analyze(hlo(f, spec((m, k)), spec((4, k, k))))
+    assert rep.classes()["contraction"]["flop"] == 4 * 2 * m * k * k
+    assert not any("unknown" in n for n in rep.notes)
+
+
+def test_trip_count_from_the_loop_condition():
+    # Without backend_config, the trip count comes from the condition's `i < 7`.
+    text = """HloModule m
+
+%body (p: (s32[], f32[8,8])) -> (s32[], f32[8,8]) {
+  %p = (s32[], f32[8,8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,8] get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  %y = f32[8,8] dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (s32[], f32[8,8]) tuple(%j, %y)
+}
+
+%cond (p: (s32[], f32[8,8])) -> pred[] {
+  %p = (s32[], f32[8,8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(7)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8] parameter(0)
+  %zero = s32[] constant(0)
+  %t = (s32[], f32[8,8]) tuple(%zero, %x)
+  %w = (s32[], f32[8,8]) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[8,8] get-tuple-element(%w), index=1
+}
+"""
+    rep = analyze(text)
+    assert rep.classes()["contraction"]["flop"] == 7 * 2 * 8 * 8 * 8
+    assert rep.classes()["contraction"]["bytes"] == 7 * 2 * 4 * 64
+
+
+def test_tiny_train_step_matches_analytic_matmul_flop():
+    tc = TrainConfig(config="tiny", seq_len=32, batch_size=4, kernels="xla")
+    cfg = tc.model_config(30522)
+    out = analyze(compiled_hlo(tc)).to_json()
+    assert set(out) >= {"classes", "collectives", "total_bytes", "total_flop", "top"}
+    assert set(out["classes"]) == {"contraction", "normalization", "elementwise", "collective", "other"}
+    b, s, d, f, L = tc.batch_size, tc.seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    p = round(0.15 * s)
+    tokens = b * s
+    layer = 2 * tokens * (4 * d * d + 2 * d * f) + 2 * 2 * b * s * s * d  # QKV, out, FFN; scores and context
+    heads = 2 * b * p * (d * d + d * cfg.vocab_size) + 2 * b * d * (d + 2)  # MLM transform + decoder; pooler, NSP
+    analytic = 3 * (L * layer + heads)  # forward + backward (2x)
+    assert 0.5 * analytic <= out["classes"]["contraction"]["flop"] <= 2 * analytic
+    assert out["total_bytes"] > 0 and len(out["top"]) == 15
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "jaxformer.hlo_report", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_json_and_bad_flag():
+    r = run_cli("--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--forward-only", "--json", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["classes"]["contraction"]["flop"] > 0 and len(out["top"]) == 3
+    bad = run_cli("--seq-len", "4")
+    assert bad.returncode == 2 and "--seq-len" in bad.stderr
+
+
+@pytest.mark.parametrize("flag", [["--config", "huge"], ["--kernels", "cuda"]])
+def test_cli_rejects_unknown_values(flag):
+    r = run_cli(*flag)
+    assert r.returncode == 2 and flag[0] in r.stderr
+
+
+GPU_LIKE = """HloModule gpu_like
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_update (param_0: f32[4,64,128], param_1: bf16[64,128], param_2: s32[]) -> f32[4,64,128] {
+  %param_0 = f32[4,64,128]{2,1,0} parameter(0)
+  %param_1 = bf16[64,128]{1,0} parameter(1)
+  %c = f32[64,128]{1,0} convert(%param_1)
+  %u = f32[1,64,128]{2,1,0} bitcast(%c)
+  %param_2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %d = f32[4,64,128]{2,1,0} dynamic-update-slice(%param_0, %u, %param_2, %z, %z)
+}
+
+ENTRY %main (x: bf16[64,256], w: bf16[256,128], acc: f32[4,64,128], i: s32[]) -> f32[4,64,128] {
+  %x = bf16[64,256]{1,0} parameter(0)
+  %w = bf16[256,128]{1,0} parameter(1)
+  %acc = f32[4,64,128]{2,1,0} parameter(2)
+  %i = s32[] parameter(3)
+  %gemm = (bf16[64,128]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", \
+backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],\
+"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %y = bf16[64,128]{1,0} get-tuple-element(%gemm), index=0
+  %ln = bf16[64,128]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton", \
+backend_config={"name":"bdrln_fwd","kernel_name":"bdrln_fwd"}
+  %ars = bf16[64,128]{1,0} all-reduce-start(%ln), replica_groups={{0,1}}, to_apply=%add
+  %ard = bf16[64,128]{1,0} all-reduce-done(%ars)
+  ROOT %upd = f32[4,64,128]{2,1,0} fusion(%acc, %ard, %i), kind=kLoop, calls=%fused_update
+}
+""".replace("\\\n", "")
+
+
+def test_gpu_style_module():
+    rep = analyze(GPU_LIKE)
+    by = {op.name: op for op in rep.ops}
+    assert by["gemm"].cls == "contraction" and by["gemm"].flop == 2 * 64 * 128 * 256
+    assert by["gemm"].bytes == 2 * (64 * 256 + 256 * 128 + 64 * 128)  # the s8 workspace is not counted
+    assert by["ln"].cls == "normalization"
+    assert rep.collectives()["all-reduce"] == dict(count=1, bytes=2 * 2 * 64 * 128)  # start counted, done free
+    # in place: reads the bf16 update (and the index), writes one f32 slice, not the whole [4,64,128] buffer
+    assert by["upd"].cls == "elementwise" and by["upd"].bytes == 2 * 64 * 128 + 4 + 4 * 64 * 128
