@@ -12,22 +12,10 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from jaxformer.config import TrainConfig
+from jaxformer.data import synthetic_batch
 from jaxformer.trainer import Steps, build_model, make_optimizer
-
-
-def synthetic_batch(vocab, b, s, p, seed=0):
-    rng = np.random.RandomState(seed)
-    return dict(input_ids=jnp.asarray(rng.randint(5, vocab, (b, s)), jnp.int32),
-                token_type_ids=jnp.asarray((np.arange(s) >= s // 2) * np.ones((b, 1)), jnp.int32),
-                attention_mask=jnp.ones((b, s), jnp.int32),
-                masked_positions=jnp.asarray(np.sort(rng.choice(s, (b, p)), axis=1), jnp.int32),
-                masked_labels=jnp.asarray(rng.randint(5, vocab, (b, p)), jnp.int32),
-                masked_weights=jnp.ones((b, p), jnp.float32),
-                nsp_labels=jnp.asarray(rng.randint(0, 2, (b,)), jnp.int32))
 
 
 def main():
@@ -50,7 +38,7 @@ def main():
     state = steps.init_state(model, 0)
     del model
     p = max(1, round(0.15 * a.seq_len))
-    batches = [synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed) for seed in range(4)]
+    batches = [jax.device_put(synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed)) for seed in range(4)]
     t0 = time.perf_counter()
     state, m = steps.train_step(state, batches[0])
     jax.block_until_ready(m)

@@ -404,3 +404,15 @@ class Prefetcher:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def synthetic_batch(vocab: int, b: int, s: int, p: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A random pre-training batch in the trainer's layout (numpy; benchmarks and the HLO report use it)."""
+    rng = np.random.RandomState(seed)
+    return dict(input_ids=rng.randint(5, vocab, (b, s)).astype(np.int32),
+                token_type_ids=((np.arange(s) >= s // 2) * np.ones((b, 1))).astype(np.int32),
+                attention_mask=np.ones((b, s), np.int32),
+                masked_positions=np.sort(rng.choice(s, (b, p)), axis=1).astype(np.int32),
+                masked_labels=rng.randint(5, vocab, (b, p)).astype(np.int32),
+                masked_weights=np.ones((b, p), np.float32),
+                nsp_labels=rng.randint(0, 2, (b,)).astype(np.int32))

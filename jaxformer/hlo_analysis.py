@@ -1,0 +1,352 @@
+"""Flop and bytes per operator class from the text of XLA's *optimized* HLO (after fusion); the report and its
+command line are in `jaxformer.hlo_report`.
+
+Every operator that XLA will launch (a top-level instruction of the entry computation, of `call`s, and of while
+bodies times their trip count) is put into one of Ivanov et al.'s classes (DESIGN.md): tensor `contraction`,
+statistical `normalization`, `elementwise`, plus `collective` and `other` (layout copies, transposes, slices).
+Its bytes are what it reads and writes in device memory: a fusion counts only its own operands and results, since
+its intermediates stay on chip. Its flop are 2*M*N*K for dots (also inside fusions), one per output element of an
+element-wise op and one per input element of a reduce. The parser is `analyze(hlo_text)`, a pure function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+CLASSES = ("contraction", "normalization", "elementwise", "collective", "other")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+               "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+# Instructions that move no bytes: they only name or regroup buffers (or their cost lives in called computations).
+FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id", "replica-id",
+        "opt-barrier", "add-dependency", "while", "call", "conditional", "domain"}
+# Data-layout operators: they move bytes but do no arithmetic; alone (or fused only with each other) they are `other`.
+LAYOUT = {"copy", "transpose", "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice",
+          "concatenate", "pad", "reverse", "gather", "scatter", "copy-start", "copy-done", "bitcast",
+          "parameter", "constant", "tuple", "get-tuple-element", "iota", "bitcast-convert"}
+NORM_OPS = {"reduce", "reduce-window", "reduce-precision", "sort", "select-and-scatter"}
+# Keywords in a custom call's name (Pallas/Triton kernels) -> class.
+NORM_WORDS = ("layernorm", "layer_norm", "softmax", "bdrln", "attention", "flash", "norm", "lse")
+ELEMENTWISE_WORDS = ("gelu", "bias", "dropout", "relu")
+SHAPE_RE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([^\]]*)\]")
+INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+HEADER_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+
+
+@dataclasses.dataclass
+class Instr:
+    """`type` is the result type's text ("f32[8,128]{1,0}", "(f32[2], s32[])"); `attrs` all after the operands."""
+    name: str
+    type: str
+    opcode: str
+    operands: list[str]
+    attrs: str
+    root: bool = False
+
+
+@dataclasses.dataclass
+class Op:
+    """One launched operator; `trips` is how often it runs per step (bytes and flop are already multiplied)."""
+    name: str
+    opcode: str
+    cls: str
+    bytes: float
+    flop: float
+    shape: str
+    trips: int = 1
+    kind: str = ""  # collective kind, or custom-call target
+
+
+@dataclasses.dataclass
+class Report:
+    ops: list[Op]
+    notes: list[str]
+
+    def classes(self) -> dict:
+        """{class: {count (launches per step), flop, bytes}}."""
+        out = {c: dict(count=0, flop=0.0, bytes=0.0) for c in CLASSES}
+        for op in self.ops:
+            out[op.cls].update(count=out[op.cls]["count"] + op.trips, flop=out[op.cls]["flop"] + op.flop,
+                               bytes=out[op.cls]["bytes"] + op.bytes)
+        return out
+
+    def collectives(self) -> dict:
+        """{kind: {count, bytes}}; bytes are operands + results, like every other operator's."""
+        out = {k: dict(count=0, bytes=0.0) for k in COLLECTIVES}
+        for op in (o for o in self.ops if o.cls == "collective" and o.kind in out):
+            out[op.kind].update(count=out[op.kind]["count"] + op.trips, bytes=out[op.kind]["bytes"] + op.bytes)
+        return out
+
+    def to_json(self, top: int = 15) -> dict:
+        classes = self.classes()
+        return dict(classes=classes, collectives=self.collectives(),
+                    total_bytes=sum(c["bytes"] for c in classes.values()),
+                    total_flop=sum(c["flop"] for c in classes.values()),
+                    top=[dataclasses.asdict(op) for op in self.top(top)], notes=self.notes)
+
+    def top(self, n: int) -> list[Op]:
+        return sorted(self.ops, key=lambda o: -o.bytes)[:n]
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+def _close(text: str, start: int) -> int:
+    """Index just past the parenthesis that closes the one at `start`."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += (text[i] == "(") - (text[i] == ")")
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def _parse_instr(line: str) -> Instr | None:
+    m = INSTR_RE.match(line)
+    if not m:
+        return None
+    name, rest = m.group(1), m.group(2)
+    if rest.startswith("("):  # tuple result type
+        end = _close(rest, 0)
+    else:
+        end = rest.index(" ") if " " in rest else len(rest)
+    type_, rest = rest[:end], rest[end:].lstrip()
+    om = re.match(r"([\w\-$]+)\(", rest)
+    if not om:
+        return None
+    close = _close(rest, om.end() - 1)
+    operands = []
+    for tok in _split_top(rest[om.end():close - 1]):
+        tok = tok.strip().split(" ")[-1].lstrip("%")  # older XLA prints "f32[2]{0} %x", newer just "%x"
+        if tok:
+            operands.append(tok)
+    return Instr(name, type_, om.group(1), operands, rest[close:], line.lstrip().startswith("ROOT "))
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += ch in "({[" and 1 or (ch in ")}]" and -1 or 0)
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def parse_module(text: str) -> tuple[dict[str, list[Instr]], str | None]:
+    """{computation name: instructions} and the entry computation's name."""
+    comps: dict[str, list[Instr]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        if current is None:
+            m = HEADER_RE.match(line)
+            if m:
+                current = m.group(2)
+                comps[current] = []
+                entry = current if m.group(1) else entry
+        elif line.strip() == "}":
+            current = None
+        else:
+            ins = _parse_instr(line)
+            if ins is not None:
+                comps[current].append(ins)
+    return comps, entry
+
+
+def shapes(type_: str) -> list[tuple[str, tuple[int, ...]]]:
+    out = []
+    for dt, dims in SHAPE_RE.findall(type_):
+        if dt in DTYPE_BYTES:
+            out.append((dt, tuple(int(d.replace("<=", "")) for d in dims.split(",") if d.strip())))
+    return out
+
+
+def nbytes(type_: str) -> float:
+    return sum(DTYPE_BYTES[dt] * math.prod(d) for dt, d in shapes(type_))
+
+
+def nelems(type_: str) -> int:
+    s = shapes(type_)
+    return math.prod(s[0][1]) if s else 0
+
+
+def _attr(attrs: str, key: str) -> str | None:
+    m = re.search(rf"\b{key}=\"?%?([\w.\-$]+)", attrs)
+    return m.group(1) if m else None
+
+
+def _dims(attrs: str, key: str) -> list[int]:
+    m = re.search(rf"\b{key}=\{{([\d,]*)\}}", attrs)
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
+
+
+# ----------------------------------------------------------------------------------------------- counting
+class _Analyzer:
+    def __init__(self, text: str):
+        self.comps, self.entry = parse_module(text)
+        self.types = {c: {i.name: i.type for i in body} for c, body in self.comps.items()}
+        self.ops: list[Op] = []
+        self.notes: list[str] = []
+
+    def dot_flop(self, ins: Instr, comp: str) -> float:
+        lhs = shapes(self.types[comp].get(ins.operands[0], ""))
+        out = nelems(ins.type)
+        if ins.opcode == "convolution":  # 2 * outputs * (kernel elements per output feature)
+            rhs = shapes(self.types[comp].get(ins.operands[1], ""))
+            m = re.search(r"dim_labels=\w+_(\w+)->", ins.attrs)
+            if not (rhs and m and "o" in m.group(1)):
+                return 2.0 * out
+            dims = rhs[0][1]
+            return 2.0 * out * math.prod(dims) / dims[m.group(1).index("o")]
+        if ins.opcode == "custom-call":  # cuBLAS: dimension numbers live in backend_config; result is element 0
+            m = re.search(r'lhs_contracting_dimensions\\?"\s*:\s*\[([^\]]*)\]', ins.attrs)
+            contracting = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+        else:
+            contracting = _dims(ins.attrs, "lhs_contracting_dims")
+        k = math.prod(lhs[0][1][d] for d in contracting) if lhs else 1
+        return 2.0 * out * k
+
+    def body_cost(self, comp: str) -> tuple[set[str], float]:
+        """Opcodes (recursively through nested fusions) and flop of a fused computation."""
+        ops, flop = set(), 0.0
+        for ins in self.comps.get(comp, []):
+            ops.add(ins.opcode)
+            if ins.opcode in ("dot", "convolution"):
+                flop += self.dot_flop(ins, comp)
+            elif ins.opcode in ("reduce", "reduce-window"):
+                flop += nelems(self.types[comp].get(ins.operands[0], ""))
+            elif ins.opcode == "fusion":
+                inner_ops, inner_flop = self.body_cost(_attr(ins.attrs, "calls") or "")
+                ops |= inner_ops
+                flop += inner_flop
+            elif ins.opcode not in LAYOUT and ins.opcode not in FREE:
+                flop += nelems(ins.type)
+            if ins.opcode == "custom-call":
+                ops.add("custom-call:" + (_attr(ins.attrs, "custom_call_target") or "").strip('"'))
+        return ops, flop
+
+    def fusion_bytes(self, ins: Instr, comp: str) -> float:
+        """Operands + results, except that a parameter read only through (dynamic-)slices costs the slices, and a
+        dynamic-update-slice result updated in place costs the update (as XLA's own cost analysis does)."""
+        body = self.comps.get(_attr(ins.attrs, "calls") or "", [])
+        by_name = {i.name: i for i in body}
+        # a parameter instruction's "operand" is its number: parameter(0)
+        params = {i.name: int(i.operands[0]) for i in body if i.opcode == "parameter"}
+        users: dict[str, list[Instr]] = {}
+        for i in body:
+            for o in i.operands:
+                users.setdefault(o, []).append(i)
+        read = {}
+        for pname, idx in params.items():
+            if idx >= len(ins.operands):
+                continue
+            full = nbytes(self.types[comp].get(ins.operands[idx], ""))
+            us = users.get(pname, [])
+            if us and all(u.opcode in ("slice", "dynamic-slice") for u in us):
+                full = min(full, sum(nbytes(u.type) for u in us))
+            elif us and all(u.opcode == "dynamic-update-slice" and u.operands[0] == pname for u in us):
+                full = 0.0  # aliased in place with the output
+            read[ins.operands[idx]] = max(read.get(ins.operands[idx], 0.0), full)
+        if not body:
+            return sum(read.values()) + nbytes(ins.type)
+        root = next((i for i in body if i.root), body[-1])
+        roots = [by_name[o] for o in root.operands if o in by_name] if root.opcode == "tuple" else [root]
+        written = sum(nbytes(by_name[r.operands[1]].type) if r.opcode == "dynamic-update-slice"
+                      and r.operands[1] in by_name else nbytes(r.type) for r in roots)
+        return sum(read.values()) + written
+
+    def classify(self, ins: Instr, comp: str) -> tuple[str, float, str]:
+        """(class, flop, kind) of one top-level instruction."""
+        op = ins.opcode
+        base = op[:-6] if op.endswith("-start") else op
+        if base in COLLECTIVES:
+            return "collective", 0.0, base
+        if op == "async-start":  # a wrapped collective (GPU): the kind is the called computation's root
+            called = self.comps.get(_attr(ins.attrs, "calls") or "", [])
+            kind = called[-1].opcode if called else "async"
+            return ("collective" if kind in COLLECTIVES else "other"), 0.0, kind
+        if op in ("dot", "convolution"):
+            return "contraction", self.dot_flop(ins, comp), ""
+        if op == "custom-call":
+            target = (_attr(ins.attrs, "custom_call_target") or "").strip('"')
+            label = (target + " " + ins.name + " " + ins.attrs).lower()
+            if "cublas" in target or "gemm" in target or "matmul" in target:
+                return "contraction", self.dot_flop(ins, comp), target
+            if "cudnn" in target and "conv" in target:
+                return "contraction", 0.0, target
+            if any(w in label for w in NORM_WORDS):
+                return "normalization", 0.0, target
+            if any(w in label for w in ELEMENTWISE_WORDS):
+                return "elementwise", 0.0, target
+            return "other", 0.0, target
+        if op == "fusion":
+            ops, flop = self.body_cost(_attr(ins.attrs, "calls") or "")
+            targets = " ".join(o for o in ops if o.startswith("custom-call:")).lower()
+            if ops & {"dot", "convolution"} or "cublas" in targets:
+                return "contraction", flop, ""
+            if ops & NORM_OPS or any(w in targets for w in NORM_WORDS):
+                return "normalization", flop, ""
+            if ops - LAYOUT - FREE:
+                return "elementwise", flop, ""
+            return "other", flop, ""
+        if op in NORM_OPS:
+            return "normalization", float(nelems(self.types[comp].get(ins.operands[0], ""))), ""
+        if op in LAYOUT or op in FREE or op.endswith("-done") or op.startswith("async-") \
+                or op in ("send", "recv", "infeed", "outfeed", "rng-get-and-update-state"):
+            return "other", 0.0, ""
+        return "elementwise", float(nelems(ins.type)), ""
+
+    def trip_count(self, ins: Instr) -> int | None:
+        m = re.search(r'known_trip_count\\?"\s*:\s*\{\s*\\?"n\\?"\s*:\s*\\?"(\d+)', ins.attrs)
+        if m:
+            return int(m.group(1))
+        # Fallback: a condition `i < constant` with one integer scalar constant (the scan's length).
+        cond = self.comps.get(_attr(ins.attrs, "condition") or "", [])
+        consts = [int(i.operands[0]) for i in cond if i.opcode == "constant" and re.match(r"[su]\d+\[\]", i.type)
+                  and i.operands and i.operands[0].lstrip("-").isdigit()]
+        lt = any(i.opcode == "compare" and "direction=LT" in i.attrs for i in cond)
+        if lt and len(consts) == 1:
+            self.notes.append(f"{ins.name}: trip count {consts[0]} read from its loop condition")
+            return consts[0]
+        return None
+
+    def walk(self, comp: str, trips: int) -> None:
+        for ins in self.comps.get(comp, []):
+            if ins.opcode == "while":
+                n = self.trip_count(ins)
+                if n is None:
+                    self.notes.append(f"{ins.name}: trip count unknown, its body is counted once")
+                self.walk(_attr(ins.attrs, "body") or "", trips * (n or 1))
+                continue
+            if ins.opcode == "call":
+                self.walk(_attr(ins.attrs, "to_apply") or "", trips)
+                continue
+            if ins.opcode == "conditional":
+                self.notes.append(f"{ins.name}: conditional branches are not counted")
+            cls, flop, kind = self.classify(ins, comp)
+            if ins.opcode in FREE or ins.opcode.endswith("-done") or ins.opcode in ("async-update",):
+                b = 0.0
+            elif ins.opcode == "fusion":
+                b = self.fusion_bytes(ins, comp)
+            elif ins.opcode == "dynamic-update-slice":  # in place: read and write the update only
+                b = 2 * nbytes(self.types[comp].get(ins.operands[1], ""))
+            else:
+                ins_bytes = sum(nbytes(self.types[comp].get(o, "")) for o in dict.fromkeys(ins.operands))
+                out = shapes(ins.type)
+                if cls == "contraction" and ins.opcode == "custom-call":
+                    out = out[:1]  # cuBLAS/cuDNN: (result, scratch workspace); the workspace is not data
+                b = ins_bytes + sum(DTYPE_BYTES[d] * math.prod(s) for d, s in out)
+            self.ops.append(Op(ins.name, ins.opcode, cls, b * trips, flop * trips, ins.type.split("{")[0]
+                               if not ins.type.startswith("(") else ins.type[:60], trips, kind))
+
+
+def analyze(hlo_text: str) -> Report:
+    """The report of an optimized HLO module's text (`jax.jit(f).lower(...).compile().as_text()`)."""
+    a = _Analyzer(hlo_text)
+    if a.entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    a.walk(a.entry, 1)
+    return Report(a.ops, a.notes)
