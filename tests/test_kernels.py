@@ -152,6 +152,45 @@ def test_kernels_run_per_batch_shard_under_a_mesh():
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("op", ["bias_gelu", "softmax"])
+def test_other_kernels_run_per_batch_shard(op):
+    """Each kernel is called inside shard_map under a data mesh (no gathered inputs), with unsharded results."""
+    mesh = jax.make_mesh((4,), ("data",))
+    k = jax.random.split(jax.random.key(13), 3)
+    seed = seed_from_key(k[2])
+    if op == "bias_gelu":
+        x, bias = jax.random.normal(k[0], (8, 4, 96)), jax.random.normal(k[1], (96,))
+        fused = lambda x, b: bias_gelu.bias_gelu(x, b, seed=seed, rate=0.2)  # noqa: E731
+        ref = lambda x, b: bias_gelu.reference.bias_gelu(x, b, seed=seed, rate=0.2)  # noqa: E731
+        args = (x, bias)
+    else:
+        x = jax.random.normal(k[0], (8, 2, 4, 16))
+        mask = jnp.arange(16)[None, :] < jnp.arange(2, 18, 2)[:, None]
+        fused = lambda x: softmax.scaled_masked_softmax(x, mask, scale=0.5, seed=seed, rate=0.2)  # noqa: E731
+        ref = lambda x: softmax.reference.scaled_masked_softmax(x, mask, scale=0.5, seed=seed, rate=0.2)  # noqa: E731
+        args = (x,)
+
+    def loss(f, *a):
+        y = f(*a)
+        return jnp.sum(y * jnp.sin(jnp.arange(y.size).reshape(y.shape)))
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(1, len(args) + 1))), static_argnums=0)
+    expected = grad(ref, *args)
+    sharded = (jax.device_put(args[0], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))),)
+    with jax.set_mesh(mesh):
+        got = grad(fused, *sharded, *args[1:])
+        assert "shard_map" in str(jax.make_jaxpr(lambda *a: loss(fused, *a))(*sharded, *args[1:]))
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    for a, b in zip(got[1], expected[1]):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_batch_not_divisible_by_the_mesh_is_named():
+    mesh = jax.make_mesh((4,), ("data",))
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match="does not divide"):
+        bias_gelu.bias_gelu(jnp.ones((6, 8)), jnp.ones(8))
+
+
 def test_flash_attention_per_batch_shard_draws_the_unsharded_masks():
     from pallas_kernels.attention import attention, sharded_flash_attention
     mesh = jax.make_mesh((4,), ("data",))
