@@ -129,9 +129,13 @@ def test_bad_shapes_are_named():
         softmax.scaled_masked_softmax(jnp.ones((2, 2, 4, 4)), jnp.ones((2, 5), bool), scale=1.0)
 
 
-def test_kernels_run_per_batch_shard_under_a_mesh():
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])  # make_mesh's default, and Mesh()'s (the trainer's)
+def test_kernels_run_per_batch_shard_under_a_mesh(axis_types):
     """Under a data mesh the kernels run inside shard_map: same values and parameter gradients, no double counting."""
-    mesh = jax.make_mesh((4,), ("data",))
+    if axis_types == "explicit":
+        mesh = jax.make_mesh((4,), ("data",))
+    else:
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
     k = jax.random.split(jax.random.key(11), 6)
     x, res = jax.random.normal(k[0], (8, 4, 96)), jax.random.normal(k[1], (8, 4, 96))
     bias, shift, scale = jax.random.normal(k[2], (96,)), jax.random.normal(k[3], (96,)), jnp.ones(96)

@@ -155,3 +155,16 @@ def test_ctrl_c_saves_and_exits_cleanly(corpus, tmp_path):
     assert "Traceback" not in err
     saved = [p.name for p in (out / "checkpoints").iterdir()]
     assert len(saved) == 1 and int(saved[0]) >= 2
+
+
+def test_cli_pallas_kernels_per_device_match_xla(corpus, tmp_path):
+    """--kernels pallas on the 8-device data mesh (kernels per shard in shard_map, interpreted on CPU) trains with
+    the same losses as --kernels xla, dropout included: the kernels draw the references' masks on every shard."""
+    losses = {}
+    for kernels in ("xla", "pallas"):
+        out = tmp_path / kernels
+        vocab = ["--vocab", str(tmp_path / "xla" / "tokenizer.json")] if kernels == "pallas" else []
+        assert cli.main(args(corpus, out, "--steps", "2", "--eval-every", "100", "--save-every", "100",
+                             "--dtype", "float32", "--kernels", kernels, *vocab)) == 0
+        losses[kernels] = [r["loss"] for r in metrics(out) if "loss" in r]
+    np.testing.assert_allclose(losses["pallas"], losses["xla"], rtol=2e-4)
