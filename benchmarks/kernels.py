@@ -77,7 +77,7 @@ def _grads_as_carry(fn, n_in):
 
 
 def cases(ops, dtype, scale=1):
-    """(op, shape label, {impl: fn}, args, differentiable-arg count, bytes fwd, bytes fwd+bwd)."""
+    """(op, shape label, {impl: fn}, args, differentiable-arg count, bytes fwd, bytes fwd+bwd, Blocks class)."""
     key = jax.random.split(jax.random.key(1), 8)
     seed = seed_from_key(key[7])
     item = jnp.dtype(dtype).itemsize
@@ -94,7 +94,7 @@ def cases(ops, dtype, scale=1):
                 # fwd reads x, res, writes y; bwd reads x, res, dy, writes dx (+ d_res with dropout)
                 fb = (3 + (5 if rate else 4)) * rows * d * item
                 out.append(("bdrln", f"{rows}x{d} p={rate}", impls, (x, bias, res, ln_scale, shift), 5,
-                            3 * rows * d * item, fb, bdrln.kernel.Blocks, rows, d))
+                            3 * rows * d * item, fb, bdrln.kernel.Blocks))
     if "bias_gelu" in ops:
         for rows, f in [(8192 // scale, 3072), (8192 // scale, 4096), (32768 // scale, 4096)]:
             x = jax.random.normal(key[0], (rows, f), dtype)
@@ -102,7 +102,7 @@ def cases(ops, dtype, scale=1):
             impls = {"xla": lambda *a: bias_gelu.reference.bias_gelu(*a),
                      "pallas": lambda *a, **b: bias_gelu.bias_gelu(*a, **b)}
             out.append(("bias_gelu", f"{rows}x{f}", impls, (x, bias), 2, 2 * rows * f * item, 5 * rows * f * item,
-                        bias_gelu.kernel.Blocks, rows, f))
+                        bias_gelu.kernel.Blocks))
     if "softmax" in ops:
         for b, n, s in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             x = jax.random.normal(key[0], (b, n, s, s), dtype) * 3
@@ -112,10 +112,9 @@ def cases(ops, dtype, scale=1):
                      "pallas": lambda x, m=mask, kw=kw, **bl: softmax.scaled_masked_softmax(x, m, **kw, **bl)}
             size = b * n * s * s * item
             out.append(("softmax", f"B{b} N{n} S{s} p=0.1", impls, (x,), 1, 2 * size, 5 * size,
-                        softmax.kernel.Blocks, n * s, s))
+                        softmax.kernel.Blocks))
     if "attention" in ops:
-        from jaxformer.ops import attention_unfused_pallas
-        from pallas_kernels.attention import attention, flash_attention
+        from pallas_kernels.attention import attention, flash_attention, unfused_attention
         for b, n, s_ in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             q, k, v = (jax.random.normal(key[i], (b, s_, n, 64), dtype) for i in (0, 1, 2))
             lengths = jax.random.randint(key[3], (b,), s_ // 2, s_ + 1)
@@ -125,15 +124,15 @@ def cases(ops, dtype, scale=1):
                 kw = dict(seed=seed, rate=rate)
                 impls = {"xla": lambda q, k, v, kw=kw, m=mask: attention(q, k, v, m, **kw),
                          "pallas": lambda q, k, v, kw=kw, m=mask, **bl: flash_attention(q, k, v, m, **kw),
-                         "pallas-unfused": lambda q, k, v, kw=kw, m=mask: attention_unfused_pallas(q, k, v, m, **kw)}
+                         "pallas-unfused": lambda q, k, v, kw=kw, m=mask: unfused_attention(q, k, v, m, **kw)}
                 if not rate:
                     for impl in ("cudnn", "xla"):
                         impls[f"jax.nn.dpa-{impl}"] = (
-                            lambda q, k, v, impl=impl, ln=lengths: jax.nn.dot_product_attention(
+                            lambda q, k, v, impl=impl, ln=lengths, s_=s_: jax.nn.dot_product_attention(
                                 q, k, v, query_seq_lengths=jnp.full_like(ln, s_), key_value_seq_lengths=ln,
                                 implementation=impl))
                 out.append(("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
-                            12 * size, None, b, s_))
+                            12 * size, None))
     if "layer" in ops:
         from flax import nnx
 
@@ -152,7 +151,7 @@ def cases(ops, dtype, scale=1):
                     layer = nnx.merge(graphdef, state)
                     return layer(x, mask, key=key[5], deterministic=False)
                 impls[kernels] = run
-            out.append(("layer", f"large B{b} S{s_} p=0.1", impls, (x, state), 2, None, None, None, b, s_))
+            out.append(("layer", f"large B{b} S{s_} p=0.1", impls, (x, state), 2, None, None, None))
     return out
 
 
@@ -203,7 +202,7 @@ def main():
     rows = []
     print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
-    for op, label, impls, args, n_in, bytes_f, bytes_fb, blocks_cls, r, w in cases(a.ops.split(","), dtype, a.scale):
+    for op, label, impls, args, n_in, bytes_f, bytes_fb, blocks_cls in cases(a.ops.split(","), dtype, a.scale):
         if a.only not in label:
             continue
         for name, nbytes in (("fwd", bytes_f), ("fwd+bwd", bytes_fb)):

@@ -20,23 +20,12 @@ from __future__ import annotations
 import types
 
 import jax
-import jax.numpy as jnp
 
 import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
 import pallas_kernels.bias_gelu as _bias_gelu
-import pallas_kernels.softmax as _softmax
 import pallas_kernels.attention as _attention_kernels
 from pallas_kernels.attention import reference as _attention
 from pallas_kernels.embedding_layernorm import reference as _embedding_layernorm
-
-
-def attention_unfused_pallas(q, k, v, mask, *, seed=None, rate: float = 0.0):
-    """The reference's two einsums around the fused Pallas softmax + dropout (SM forward, BS backward).
-
-    Not the default: measured slower than flash attention and XLA's own softmax fusion (kernels-h200.md)."""
-    scores = jnp.einsum("BSNH,BTNH->BNST", q, k)
-    probs = _softmax.scaled_masked_softmax(scores, mask, scale=q.shape[-1] ** -0.5, seed=seed, rate=rate)
-    return jnp.einsum("BNST,BTNH->BSNH", probs, v)
 
 
 TABLE = {

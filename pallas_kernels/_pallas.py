@@ -97,8 +97,8 @@ def batch_shard_map(fn, n_batched: int):
     A `pallas_call` has no sharding rule: under a sharded `jit` XLA would gather its inputs and run it replicated.
     Here the first `n_batched` arguments are split over the mesh's batch axes on their leading dimension, the rest
     are replicated, and every output comes back split on its leading dimension: activations, or per-shard partial
-    sums stacked on a leading axis, which the caller reduces.
-    `row_offset` is the shard's first row (in units of the leading dimension), for dropout indices.
+    sums stacked on a leading axis, which the caller reduces. `None` arguments (absent optional operands) reach
+    `fn` as `None`. `row_offset` is the shard's first row (in units of the leading dimension), for dropout indices.
     """
 
     @functools.wraps(fn)
@@ -113,19 +113,23 @@ def batch_shard_map(fn, n_batched: int):
         lead = args[0].shape[0]
         if lead % shards:
             raise ValueError(f"the batch dimension {lead} does not divide over the mesh axes {axes} ({shards} shards)")
+        n_args, present = len(args), [i for i, a in enumerate(args) if a is not None]
 
         def per_shard(*shard_args):
             index = jnp.uint32(0)
             for a in axes:  # row-major shard index over the batch axes, as P(axes) lays the shards out
                 index = index * jnp.uint32(mesh.shape[a]) + jax.lax.axis_index(a).astype(jnp.uint32)
-            return fn(index * jnp.uint32(lead // shards), *shard_args)
+            full = [None] * n_args
+            for i, a in zip(present, shard_args):
+                full[i] = a
+            return fn(index * jnp.uint32(lead // shards), *full)
 
         spec = P(axes)
-        in_specs = tuple(spec if i < n_batched else P() for i in range(len(args)))
-        explicit = set(getattr(mesh, "explicit_axes", ()))
-        if explicit:  # with explicit axes the types must already match the specs: reshard (a no-op when they do)
-            args = tuple(jax.reshard(a, s) for a, s in zip(args, in_specs))
-        return _shard_map(per_shard, mesh, in_specs, spec)(*args)
+        in_specs = tuple(spec if i < n_batched else P() for i in present)
+        shard_args = tuple(args[i] for i in present)
+        if getattr(mesh, "explicit_axes", ()):  # explicit axes: the types must match the specs (no-op when they do)
+            shard_args = tuple(jax.reshard(a, s) for a, s in zip(shard_args, in_specs))
+        return _shard_map(per_shard, mesh, in_specs, spec)(*shard_args)
 
     return wrapped
 

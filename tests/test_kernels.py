@@ -156,7 +156,7 @@ def test_kernels_run_per_batch_shard_under_a_mesh(axis_types):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("op", ["bias_gelu", "softmax"])
+@pytest.mark.parametrize("op", ["bias_gelu", "softmax", "layer_norm"])
 def test_other_kernels_run_per_batch_shard(op):
     """Each kernel is called inside shard_map under a data mesh (no gathered inputs), with unsharded results."""
     mesh = jax.make_mesh((4,), ("data",))
@@ -167,6 +167,11 @@ def test_other_kernels_run_per_batch_shard(op):
         fused = lambda x, b: bias_gelu.bias_gelu(x, b, seed=seed, rate=0.2)  # noqa: E731
         ref = lambda x, b: bias_gelu.reference.bias_gelu(x, b, seed=seed, rate=0.2)  # noqa: E731
         args = (x, bias)
+    elif op == "layer_norm":  # absent bias, residual and seed: static Nones through the per-shard call
+        x, scale = jax.random.normal(k[0], (8, 4, 96)), 1 + 0.1 * jax.random.normal(k[1], (96,))
+        fused = lambda x, s: bdrln.layer_norm(x, s, s, eps=1e-12)  # noqa: E731
+        ref = lambda x, s: bdrln.reference.layer_norm(x, s, s, eps=1e-12)  # noqa: E731
+        args = (x, scale)
     else:
         x = jax.random.normal(k[0], (8, 2, 4, 16))
         mask = jnp.arange(16)[None, :] < jnp.arange(2, 18, 2)[:, None]

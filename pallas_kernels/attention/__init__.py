@@ -10,11 +10,23 @@ import jax
 import jax.numpy as jnp
 
 from .._pallas import batch_shard_map, resolve_interpret, seed_words
+from ..softmax import scaled_masked_softmax
 from . import kernel
 from .kernel import BlockSizes, default_block_sizes
 from .reference import attention
 
-__all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "sharded_flash_attention"]
+__all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "sharded_flash_attention",
+           "unfused_attention"]
+
+
+def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
+    """The reference's two einsums around the fused Pallas softmax + dropout kernel (SM forward, BS backward).
+
+    Not on the default path: measured slower than flash attention and than XLA's own softmax fusion
+    (benchmarks/results/kernels-h200.md)."""
+    scores = jnp.einsum("BSNH,BTNH->BNST", q, k)
+    probs = scaled_masked_softmax(scores, mask, scale=q.shape[-1] ** -0.5, seed=seed, rate=rate)
+    return jnp.einsum("BNST,BTNH->BSNH", probs, v)
 
 
 def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
@@ -23,11 +35,11 @@ def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, inte
 
     Each shard passes its first example's index as `batch_offset`, so the dropout masks are the unsharded ones.
     """
-    def run(offset, q, k, v, mask, *seed_arg):
-        return flash_attention(q, k, v, mask, seed=seed_arg[0] if seed_arg else None, rate=rate,
-                               interpret=interpret, block_sizes=block_sizes, batch_offset=offset)
+    def run(offset, q, k, v, mask, seed):
+        return flash_attention(q, k, v, mask, seed=seed, rate=rate, interpret=interpret, block_sizes=block_sizes,
+                               batch_offset=offset)
 
-    return batch_shard_map(run, n_batched=4)(q, k, v, mask, *(() if seed is None else (seed,)))
+    return batch_shard_map(run, n_batched=4)(q, k, v, mask, seed)
 
 
 def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,

@@ -29,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from .._pallas import compiler_params
 from ..dropout import hash_uint32, keep_threshold
 
 _LOG2E = math.log2(math.e)
@@ -260,11 +261,6 @@ def _seed_spec(seed):
     return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, 0]
 
 
-def _params(num_warps, num_stages):
-    # Always the Triton params: without them jax 0.10.2 lowers pallas_call through Mosaic GPU.
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
 def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool):
     """Context (B, S, N, H) in q's dtype and the fp32 base-2 logsumexp (B, N, S).
 
@@ -281,7 +277,7 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
         in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed)],
         out_specs=[row_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
-        compiler_params=_params(blocks.num_warps, blocks.num_stages),
+        compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret, name="flash_attention_fwd",
     )(q, k, v, code, seed)
 
@@ -292,7 +288,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     t = k.shape[1]
     # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-    params = _params(blocks.num_warps_bwd, blocks.num_stages_bwd)
+    params = compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd)
 
     bk = blocks.block_k_dkv
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))

@@ -38,12 +38,12 @@ def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, block
         raise ValueError(f"residual.shape={residual.shape} must equal x.shape={x.shape}")
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
-    rate = float(rate) if seed is not None else 0.0
     rows = x.size // d
     blocks = blocks or _k.default_blocks(rows, d)
-    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    seed = None if seed is None else jnp.asarray(seed, jnp.uint32)
     flat = lambda a: None if a is None else a.reshape(rows, d)  # noqa: E731
-    out = _op(flat(x), bias, flat(residual), scale, shift, seed, rate, eps, pk.resolve_interpret(interpret), blocks)
+    out = _op(flat(x), bias, flat(residual), scale, shift, seed, float(rate), eps, pk.resolve_interpret(interpret),
+              blocks)
     return out.reshape(x.shape)
 
 
@@ -57,7 +57,7 @@ def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks):
         return _k.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
                           interpret=interpret, blocks=blocks)
 
-    y, mean, rstd = _call(run, (x, residual), (bias, scale, shift, seed))
+    y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(x, residual, bias, scale, shift, seed)
     return y, (x, bias, residual, scale, shift, seed, mean, rstd)
 
 
@@ -68,26 +68,12 @@ def _bwd(rate, eps, interpret, blocks, res, dy):
         return _k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
                            interpret=interpret, blocks=blocks)
 
-    dx, dres, dscale, dshift, dbias = _call(run, (x, residual, mean, rstd, dy), (bias, scale, seed))
+    dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
+                                                                            seed)
     if residual is not None and dres is None:
         dres = dx.astype(residual.dtype)  # no dropout: the residual's gradient is dx itself
     total = lambda p, like: None if p is None else jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
     return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
-
-
-def _call(run, batched, replicated):
-    """Call `run(row_offset, *batched, *replicated)` per batch shard; None operands pass through statically."""
-    b_present = [a is not None for a in batched]
-    r_present = [a is not None for a in replicated]
-    args = [a for a in batched if a is not None] + [a for a in replicated if a is not None]
-
-    def fn(row_offset, *present_args):
-        it = iter(present_args)
-        full_b = [next(it) if p else None for p in b_present]
-        full_r = [next(it) if p else None for p in r_present]
-        return run(row_offset, *full_b, *full_r)
-
-    return pk.batch_shard_map(fn, n_batched=sum(b_present))(*args)
 
 
 _op.defvjp(_fwd, _bwd)

@@ -113,33 +113,18 @@ def _bwd_kernel(x_ref, bias_ref, res_ref, scale_ref, seed_ref, mean_ref, rstd_re
         pk.store(dbias_ref, dbias[None, :], cm)
 
 
-def _specs(block_rows, wp, *refs_kinds):
-    """BlockSpecs by kind: 'rows' (R, D) tiles, 'vec' (D,) whole, 'stat' (R,) tiles, 'seed' (4,) whole."""
-    make = {
+def _spec(kind, block_rows, wp, operand):
+    """BlockSpec by kind: 'rows' (R, D) tiles, 'vec' (D,) whole, 'stat' (R,) tiles, 'seed' (4,) whole, 'part' one
+    row of per-program partial sums. None for an absent operand: pallas_call passes it to the kernel as None."""
+    if operand is None:
+        return None
+    return {
         "rows": lambda: pl.BlockSpec((block_rows, wp), lambda i: (i, 0)),
         "vec": lambda: pl.BlockSpec((wp,), lambda i: (0,)),
         "stat": lambda: pl.BlockSpec((block_rows,), lambda i: (i,)),
         "seed": lambda: pl.BlockSpec((4,), lambda i: (0,)),
         "part": lambda: pl.BlockSpec((1, wp), lambda i: (i, 0)),
-    }
-    return [make[k]() for k in refs_kinds]
-
-
-def _drop_none(specs, args):
-    """pallas_call takes no None operands: the kernel gets them back as static Nones via `_with_nones`."""
-    present = [a is not None for a in args]
-    return [s for s, p in zip(specs, present) if p], [a for a in args if a is not None], present
-
-
-def _with_nones(kernel, present_in, present_out):
-    @functools.wraps(kernel)
-    def body(*refs):
-        refs = list(refs)
-        full = []
-        for p in present_in + present_out:
-            full.append(refs.pop(0) if p else None)
-        return kernel(*full)
-    return body
+    }[kind]()
 
 
 def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret, blocks: Blocks):
@@ -147,16 +132,15 @@ def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret
     rows, width = x.shape
     wp, br = pk.next_pow2(width), blocks.block_rows
     out_dtype = (residual if residual is not None else x).dtype
-    specs, args, present = _drop_none(_specs(br, wp, "rows", "vec", "rows", "vec", "vec", "seed"),
-                                      [x, bias, residual, scale, shift, seed_words])
-    kernel = functools.partial(_fwd_kernel, rows=rows, width=width, rate=rate, eps=eps, block_rows=br)
+    args = (x, bias, residual, scale, shift, seed_words)
+    kinds = ("rows", "vec", "rows", "vec", "vec", "seed")
     return pl.pallas_call(
-        _with_nones(kernel, present, [True] * 3),
+        functools.partial(_fwd_kernel, rows=rows, width=width, rate=rate, eps=eps, block_rows=br),
         out_shape=(jax.ShapeDtypeStruct((rows, width), out_dtype),
                    jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.float32)),
         grid=(pl.cdiv(rows, br),),
-        in_specs=specs,
-        out_specs=_specs(br, wp, "rows", "stat", "stat"),
+        in_specs=[_spec(k, br, wp, a) for k, a in zip(kinds, args)],
+        out_specs=[_spec(k, br, wp, True) for k in ("rows", "stat", "stat")],
         compiler_params=pk.compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret,
         name="bdrln_fwd",
@@ -172,26 +156,19 @@ def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, inte
     groups = pl.cdiv(rows, rpp)
     # Without dropout dx == d_residual: write it once (the caller reuses it) and save a pass over R x D.
     want_dres = residual is not None and bool(rate)
-    in_specs, args, present = _drop_none(
-        _specs(rpp, wp, "rows", "vec", "rows", "vec", "seed", "stat", "stat", "rows"),
-        [x, bias, residual, scale, seed_words, mean, rstd, dy])
-    outs = [(jax.ShapeDtypeStruct((rows, width), x.dtype), "rows"),
-            (jax.ShapeDtypeStruct((rows, width), residual.dtype) if want_dres else None, "rows"),
-            (jax.ShapeDtypeStruct((groups, width), jnp.float32), "part"),
-            (jax.ShapeDtypeStruct((groups, width), jnp.float32), "part"),
-            (jax.ShapeDtypeStruct((groups, width), jnp.float32) if bias is not None else None, "part")]
-    present_out = [o is not None for o, _ in outs]
-    out_specs = [s for (o, _), s in zip(outs, _specs(rpp, wp, *(k for _, k in outs))) if o is not None]
-    kernel = functools.partial(_bwd_kernel, rows=rows, width=width, rate=rate, block_rows=br,
-                               rows_per_program=rpp)
-    results = iter(pl.pallas_call(
-        _with_nones(kernel, present, present_out),
-        out_shape=tuple(o for o, _ in outs if o is not None),
+    args = (x, bias, residual, scale, seed_words, mean, rstd, dy)
+    kinds = ("rows", "vec", "rows", "vec", "seed", "stat", "stat", "rows")
+    part = jax.ShapeDtypeStruct((groups, width), jnp.float32)
+    outs = (jax.ShapeDtypeStruct((rows, width), x.dtype),
+            jax.ShapeDtypeStruct((rows, width), residual.dtype) if want_dres else None,
+            part, part, part if bias is not None else None)
+    return pl.pallas_call(
+        functools.partial(_bwd_kernel, rows=rows, width=width, rate=rate, block_rows=br, rows_per_program=rpp),
+        out_shape=outs,
         grid=(groups,),
-        in_specs=in_specs,
-        out_specs=out_specs,
+        in_specs=[_spec(k, rpp, wp, a) for k, a in zip(kinds, args)],
+        out_specs=[_spec(k, rpp, wp, o) for k, o in zip(("rows", "rows", "part", "part", "part"), outs)],
         compiler_params=pk.compiler_params(blocks.bwd_num_warps, blocks.bwd_num_stages),
         interpret=interpret,
         name="bdrln_bwd",
-    )(*args))
-    return tuple(next(results) if p else None for p in present_out)
+    )(*args)

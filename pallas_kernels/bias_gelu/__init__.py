@@ -27,7 +27,7 @@ def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None =
         raise ValueError(f"rate={rate} needs a seed")
     rows = x.size // f
     blocks = blocks or _k.default_blocks(rows, f)
-    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    seed = None if seed is None else jnp.asarray(seed, jnp.uint32)  # None: `seed_words` gives zeros
     out = _op(x.reshape(rows, f), bias, seed, float(rate), pk.resolve_interpret(interpret), blocks)
     return out.reshape(x.shape)
 

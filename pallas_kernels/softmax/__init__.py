@@ -29,7 +29,7 @@ def scaled_masked_softmax(scores, mask, *, scale: float, seed=None, rate: float 
     blocks = blocks or _k.default_blocks(n * s, t)
     if (n * s) % blocks.block_rows or (n * s) % blocks.bwd_block_rows:
         raise ValueError(f"blocks={blocks}: block rows must divide N*S={n * s}")
-    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    seed = None if seed is None else jnp.asarray(seed, jnp.uint32)  # None: `seed_words` gives zeros
     out = _op(scores.reshape(b * n * s, t), mask.astype(jnp.int32), seed, n * s, float(scale), float(rate),
               pk.resolve_interpret(interpret), blocks)
     return out.reshape(scores.shape)
