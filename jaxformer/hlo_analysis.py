@@ -57,6 +57,7 @@ class Op:
     shape: str
     trips: int = 1
     kind: str = ""  # collective kind, or custom-call target
+    time_s: float | None = None  # measured seconds per step (`Report.attach_times`, from a profiler trace)
 
 
 @dataclasses.dataclass
@@ -65,12 +66,29 @@ class Report:
     notes: list[str]
 
     def classes(self) -> dict:
-        """{class: {count (launches per step), flop, bytes}}."""
-        out = {c: dict(count=0, flop=0.0, bytes=0.0) for c in CLASSES}
+        """{class: {count (launches per step), flop, bytes}}, plus `time_s` (measured seconds per step) once
+        `attach_times` has joined a profile."""
+        timed = any(op.time_s is not None for op in self.ops)
+        out = {c: dict(count=0, flop=0.0, bytes=0.0, **({"time_s": 0.0} if timed else {})) for c in CLASSES}
         for op in self.ops:
-            out[op.cls].update(count=out[op.cls]["count"] + op.trips, flop=out[op.cls]["flop"] + op.flop,
-                               bytes=out[op.cls]["bytes"] + op.bytes)
+            c = out[op.cls]
+            c.update(count=c["count"] + op.trips, flop=c["flop"] + op.flop, bytes=c["bytes"] + op.bytes)
+            if timed:
+                c["time_s"] += op.time_s or 0.0
         return out
+
+    def attach_times(self, times_ns: dict[str, float], steps: int) -> float:
+        """Join measured device time per HLO instruction name (summed over `steps` profiled steps) to the operators;
+        returns the seconds per step that matched no operator of this module (reported in the notes)."""
+        names = set()
+        for op in self.ops:
+            op.time_s = times_ns.get(op.name, 0.0) / steps / 1e9
+            names.add(op.name)
+        unmatched = sum(t for n, t in times_ns.items() if n not in names) / steps / 1e9
+        total = sum(times_ns.values()) / steps / 1e9
+        self.notes.append(f"profile: {total * 1e3:.3f} ms of device time per step, {unmatched * 1e3:.3f} ms of it "
+                          f"in operators not in this module's top level (not in the class table)")
+        return unmatched
 
     def collectives(self) -> dict:
         """{kind: {count, bytes}}; bytes are operands + results, like every other operator's."""
@@ -81,9 +99,10 @@ class Report:
 
     def to_json(self, top: int = 15) -> dict:
         classes = self.classes()
+        timed = {"total_time_s": sum(c["time_s"] for c in classes.values())} if "time_s" in classes["other"] else {}
         return dict(classes=classes, collectives=self.collectives(),
                     total_bytes=sum(c["bytes"] for c in classes.values()),
-                    total_flop=sum(c["flop"] for c in classes.values()),
+                    total_flop=sum(c["flop"] for c in classes.values()), **timed,
                     top=[dataclasses.asdict(op) for op in self.top(top)], notes=self.notes)
 
     def top(self, n: int) -> list[Op]:

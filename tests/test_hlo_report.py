@@ -195,3 +195,35 @@ def test_gpu_style_module():
     assert rep.collectives()["all-reduce"] == dict(count=1, bytes=2 * 2 * 64 * 128)  # start counted, done free
     # in place: reads the bf16 update (and the index), writes one f32 slice, not the whole [4,64,128] buffer
     assert by["upd"].cls == "elementwise" and by["upd"].bytes == 2 * 64 * 128 + 4 + 4 * 64 * 128
+
+
+def test_attach_times_joins_by_instruction_name():
+    rep = analyze(GPU_LIKE)
+    # ns summed over 4 profiled steps, as the trace gives them; "elsewhere" is not in this module's top level
+    rep.attach_times({"gemm": 4e6, "ln": 2e6, "ars": 1e6, "upd": 1e6, "elsewhere": 8e6}, steps=4)
+    classes = rep.classes()
+    assert classes["contraction"]["time_s"] == pytest.approx(1e-3)
+    assert classes["normalization"]["time_s"] == pytest.approx(0.5e-3)
+    assert classes["collective"]["time_s"] == pytest.approx(0.25e-3)
+    assert classes["elementwise"]["time_s"] == pytest.approx(0.25e-3)
+    assert rep.to_json()["total_time_s"] == pytest.approx(2e-3)
+    assert any("2.000 ms" in n and "4.000 ms" in n for n in rep.notes)  # unmatched time, and the total
+
+
+def test_profile_joins_a_real_trace():
+    """The CPU's thunk executor annotates its events with hlo_op too: the whole --profile path runs here."""
+    from jaxformer.hlo_profile import profile_compiled
+
+    x, w = jnp.ones((256, 256)), jnp.ones((256, 256))
+    compiled = jax.jit(lambda x, w: jnp.tanh(x @ w) * 2.0 + x).lower(x, w).compile()
+    times = profile_compiled(compiled, (x, w), steps=2, log=lambda m: None)
+    rep = analyze(compiled.as_text())
+    assert rep.attach_times(times, 2) == 0.0  # every measured event belongs to a top-level operator
+    assert sum(c["time_s"] for c in rep.classes().values()) > 0
+
+
+def test_cli_profile_flag_errors():
+    r = run_cli("--profile", "0")
+    assert r.returncode == 2 and "--profile" in r.stderr
+    r = run_cli("--profile", "--forward-only")
+    assert r.returncode == 2 and "--forward-only" in r.stderr
