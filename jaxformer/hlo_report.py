@@ -56,16 +56,45 @@ def _fmt(x: float) -> str:
 
 
 def class_table(rep: Report) -> list[str]:
+    """Per class: launches, flop, bytes and their shares; with a joined profile also measured time per step and its
+    share of runtime (Ivanov et al.'s Table 1)."""
     classes = rep.classes()
     tf = sum(c["flop"] for c in classes.values()) or 1.0
     tb = sum(c["bytes"] for c in classes.values()) or 1.0
-    lines = [f"{'class':<14}{'count':>7}{'flop':>10}{'flop%':>7}{'bytes':>10}{'bytes%':>8}"]
+    timed = "time_s" in classes["other"]
+    tt = sum(c.get("time_s", 0.0) for c in classes.values()) or 1.0
+    lines = [f"{'class':<14}{'count':>7}{'flop':>10}{'flop%':>7}{'bytes':>10}{'bytes%':>8}"
+             + (f"{'ms':>9}{'time%':>7}" if timed else "")]
     for name, c in classes.items():
         lines.append(f"{name:<14}{c['count']:>7}{_fmt(c['flop']):>10}{100 * c['flop'] / tf:>6.1f}%"
-                     f"{_fmt(c['bytes']) + 'B':>10}{100 * c['bytes'] / tb:>7.1f}%")
+                     f"{_fmt(c['bytes']) + 'B':>10}{100 * c['bytes'] / tb:>7.1f}%"
+                     + (f"{c['time_s'] * 1e3:>9.3f}{100 * c['time_s'] / tt:>6.1f}%" if timed else ""))
     lines.append(f"{'total':<14}{sum(c['count'] for c in classes.values()):>7}{_fmt(tf):>10}{'':>7}"
-                 f"{_fmt(tb) + 'B':>10}")
+                 f"{_fmt(tb) + 'B':>10}" + (f"{'':>8}{tt * 1e3:>9.3f}" if timed else ""))
     return lines
+
+
+def profiled_report(tc, steps: int) -> tuple[Report, str]:
+    """The report of `tc`'s train step with measured device time per operator (`jaxformer.hlo_profile`): builds the
+    model for real (this needs the memory of a training run) and runs `steps` profiled steps on a synthetic batch."""
+    import jax
+
+    from .hlo_profile import profile_compiled
+    from .trainer import Steps, build_model, make_optimizer
+
+    cfg = tc.model_config(30522)
+    model = build_model(cfg, 0)
+    st = Steps(model, make_optimizer(tc), tc)
+    state = st.init_state(model, 0)
+    del model
+    batch = jax.device_put(synthetic_batch(cfg.vocab_size, tc.batch_size, tc.seq_len, max(1, round(0.15 * tc.seq_len))))
+    compiled = st.train_step.lower(state, batch).compile()
+    times = profile_compiled(compiled, (state, batch), steps, carry=lambda out, args: (out[0], args[1]),
+                             log=lambda m: print(m, file=sys.stderr))
+    text = compiled.as_text()
+    rep = analyze(text)
+    rep.attach_times(times, steps)
+    return rep, text
 
 
 def text_report(rep: Report, top: int) -> str:
@@ -113,6 +142,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dump", metavar="DIR", default=None, help="write the optimized HLO text to DIR")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), choices=("auto", "xla", "pallas"), default=None,
                    help="compare two --kernels values, e.g. --compare xla pallas")
+    p.add_argument("--profile", type=int, nargs="?", const=5, default=None, metavar="STEPS",
+                   help="run the train step for real, STEPS (default 5) of them under the profiler, and add each "
+                        "class's measured share of runtime (use on a GPU; builds the whole model)")
     p.add_argument("--hlo", metavar="FILE", default=None,
                    help="analyse this optimized-HLO text file (e.g. train.py --dump-hlo on a GPU) instead of compiling")
     return p.parse_args(argv)
@@ -127,6 +159,9 @@ def main(argv=None) -> int:
             raise ValueError(f"--config {args.config!r} is unknown; choose one of {BertConfig.preset_names()}")
         if args.top < 0:
             raise ValueError(f"--top {args.top} must be >= 0")
+        if args.profile is not None and (args.profile < 1 or args.forward_only or args.hlo):
+            raise ValueError(f"--profile {args.profile} needs STEPS >= 1 and times the train step: not with "
+                             f"--forward-only or --hlo")
         configs = [TrainConfig(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, kernels=k,
                                dtype=args.dtype, remat=args.remat) for k in kernels]
     except ValueError as e:  # TrainConfig's validation names the field: say the flag instead
@@ -144,14 +179,18 @@ def main(argv=None) -> int:
         return 0
     reports = {}
     for k, tc in zip(kernels, configs):
-        text = compiled_hlo(tc, args.forward_only)
+        if args.profile:
+            reports[k], text = profiled_report(tc, args.profile)
+        else:
+            text = compiled_hlo(tc, args.forward_only)
         if args.dump:
             out = Path(args.dump)
             out.mkdir(parents=True, exist_ok=True)
             name = f"{'forward' if args.forward_only else 'train_step'}_{args.config}_{k}.hlo.txt"
             (out / name).write_text(text)
             print(f"wrote {out / name}", file=sys.stderr)
-        reports[k] = analyze(text)
+        if not args.profile:
+            reports[k] = analyze(text)
         if k == "pallas" and "triton" not in text:  # CPU: interpret mode, nothing like the GPU's fused kernels
             reports[k].notes.append("Pallas kernels ran in interpret mode (no GPU): each grid is a while loop of "
                                     "per-block slices and updates, so their bytes and counts are not the GPU's")
