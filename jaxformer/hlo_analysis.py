@@ -64,6 +64,9 @@ class Op:
 class Report:
     ops: list[Op]
     notes: list[str]
+    # name of every instruction nested in a launched operator (fused, wrapped by an async start, called) -> the
+    # launched operator's name: a profiler may annotate a kernel with the inner name
+    inner: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def classes(self) -> dict:
         """{class: {count (launches per step), flop, bytes}}, plus `time_s` (measured seconds per step) once
@@ -80,15 +83,26 @@ class Report:
     def attach_times(self, times_ns: dict[str, float], steps: int) -> float:
         """Join measured device time per HLO instruction name (summed over `steps` profiled steps) to the operators;
         returns the seconds per step that matched no operator of this module (reported in the notes)."""
-        names = set()
+        names = {op.name for op in self.ops}
+        per_op: dict[str, float] = {}
+        unmatched: dict[str, float] = {}
+        for name, t in times_ns.items():
+            # XLA names kernels after instructions; kernel names use "_" where instruction names have "."
+            alt = re.sub(r"_(\d+)$", r".\1", name)
+            target = next((n for n in (name, self.inner.get(name), alt, self.inner.get(alt)) if n in names), None)
+            if target is None:
+                unmatched[name] = t
+            else:
+                per_op[target] = per_op.get(target, 0.0) + t
         for op in self.ops:
-            op.time_s = times_ns.get(op.name, 0.0) / steps / 1e9
-            names.add(op.name)
-        unmatched = sum(t for n, t in times_ns.items() if n not in names) / steps / 1e9
+            op.time_s = per_op.get(op.name, 0.0) / steps / 1e9
+        lost = sum(unmatched.values()) / steps / 1e9
         total = sum(times_ns.values()) / steps / 1e9
-        self.notes.append(f"profile: {total * 1e3:.3f} ms of device time per step, {unmatched * 1e3:.3f} ms of it "
-                          f"in operators not in this module's top level (not in the class table)")
-        return unmatched
+        worst = sorted(unmatched.items(), key=lambda x: -x[1])[:8]
+        self.notes.append(f"profile: {total * 1e3:.3f} ms of device time per step, {lost * 1e3:.3f} ms of it in "
+                          f"operators not found in this module (not in the class table)"
+                          + "".join(f"; {n} {t / steps / 1e6:.3f} ms" for n, t in worst))
+        return lost
 
     def collectives(self) -> dict:
         """{kind: {count, bytes}}; bytes are operands + results, like every other operator's."""
@@ -139,7 +153,10 @@ def _parse_instr(line: str) -> Instr | None:
         tok = tok.strip().split(" ")[-1].lstrip("%")  # older XLA prints "f32[2]{0} %x", newer just "%x"
         if tok:
             operands.append(tok)
-    return Instr(name, type_, om.group(1), operands, rest[close:], line.lstrip().startswith("ROOT "))
+    opcode = om.group(1)
+    if opcode == "fusion-start":  # an asynchronously launched fusion (GPU): costs what the fusion costs
+        opcode, type_ = "fusion", (_split_top(type_[1:-1])[1].strip() if type_.startswith("(") else type_)
+    return Instr(name, type_, opcode, operands, rest[close:], line.lstrip().startswith("ROOT "))
 
 
 def _split_top(text: str) -> list[str]:
@@ -209,6 +226,8 @@ class _Analyzer:
         self.types = {c: {i.name: i.type for i in body} for c, body in self.comps.items()}
         self.ops: list[Op] = []
         self.notes: list[str] = []
+        self.inner: dict[str, str] = {}
+        self.inner_names: set[str] = set()
 
     def dot_flop(self, ins: Instr, comp: str) -> float:
         lhs = shapes(self.types[comp].get(ins.operands[0], ""))
@@ -284,8 +303,11 @@ class _Analyzer:
         if base in COLLECTIVES:
             return "collective", 0.0, base
         if op == "async-start":  # a wrapped collective (GPU): the kind is the called computation's root
-            called = self.comps.get(_attr(ins.attrs, "calls") or "", [])
+            called_name = _attr(ins.attrs, "calls") or ""
+            called = self.comps.get(called_name, [])
             kind = called[-1].opcode if called else "async"
+            if kind == "fusion":  # a wrapped fusion (e.g. a dynamic-slice fusion): classify what it computes
+                return self.classify(called[-1], called_name)
             return ("collective" if kind in COLLECTIVES else "other"), 0.0, kind
         if op in ("dot", "convolution"):
             return "contraction", self.dot_flop(ins, comp), ""
@@ -332,6 +354,18 @@ class _Analyzer:
             return consts[0]
         return None
 
+    def nested_names(self, ins: Instr, seen: set | None = None) -> set[str]:
+        """Names of every instruction in the computations `ins` calls, recursively."""
+        seen = set() if seen is None else seen
+        for m in re.finditer(r"\b(?:calls|to_apply|called_computations)=\{?([%\w.\-$, ]+)\}?", ins.attrs):
+            for comp in (c.strip().lstrip("%") for c in m.group(1).split(",")):
+                if comp in self.comps and comp not in seen:
+                    seen.add(comp)
+                    for inner in self.comps[comp]:
+                        self.inner_names.add(inner.name)
+                        self.nested_names(inner, seen)
+        return seen
+
     def walk(self, comp: str, trips: int) -> None:
         for ins in self.comps.get(comp, []):
             if ins.opcode == "while":
@@ -348,7 +382,7 @@ class _Analyzer:
             cls, flop, kind = self.classify(ins, comp)
             if ins.opcode in FREE or ins.opcode.endswith("-done") or ins.opcode in ("async-update",):
                 b = 0.0
-            elif ins.opcode == "fusion":
+            elif ins.opcode in ("fusion", "async-start"):
                 b = self.fusion_bytes(ins, comp)
             elif ins.opcode == "dynamic-update-slice":  # in place: read and write the update only
                 b = 2 * nbytes(self.types[comp].get(ins.operands[1], ""))
@@ -358,6 +392,9 @@ class _Analyzer:
                 if cls == "contraction" and ins.opcode == "custom-call":
                     out = out[:1]  # cuBLAS/cuDNN: (result, scratch workspace); the workspace is not data
                 b = ins_bytes + sum(DTYPE_BYTES[d] * math.prod(s) for d, s in out)
+            self.inner_names = set()
+            self.nested_names(ins)
+            self.inner.update({n: ins.name for n in self.inner_names})
             self.ops.append(Op(ins.name, ins.opcode, cls, b * trips, flop * trips, ins.type.split("{")[0]
                                if not ins.type.startswith("(") else ins.type[:60], trips, kind))
 
@@ -368,4 +405,4 @@ def analyze(hlo_text: str) -> Report:
     if a.entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
     a.walk(a.entry, 1)
-    return Report(a.ops, a.notes)
+    return Report(a.ops, a.notes, a.inner)

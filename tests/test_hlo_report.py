@@ -227,3 +227,35 @@ def test_cli_profile_flag_errors():
     assert r.returncode == 2 and "--profile" in r.stderr
     r = run_cli("--profile", "--forward-only")
     assert r.returncode == 2 and "--forward-only" in r.stderr
+
+
+ASYNC_FUSION = """HloModule async_like
+
+%slice_comp (p0: bf16[24,64,128], p1: s32[]) -> bf16[1,64,128] {
+  %p0 = bf16[24,64,128]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = bf16[1,64,128]{2,1,0} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,64,128}
+}
+
+ENTRY %main (w: bf16[24,64,128], i: s32[]) -> bf16[1,64,128] {
+  %w = bf16[24,64,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %fs = ((bf16[24,64,128]{2,1,0}, s32[]), bf16[1,64,128]{2,1,0}, s32[]) fusion-start(%w, %i), kind=kLoop, \
+calls=%slice_comp
+  ROOT %fd = bf16[1,64,128]{2,1,0} fusion-done(%fs)
+}
+""".replace("\\\n", "")
+
+
+def test_async_fusion_costs_its_slice_and_inner_names_join():
+    rep = analyze(ASYNC_FUSION)
+    by = {op.name: op for op in rep.ops}
+    # reads one [64,128] slice of the stacked buffer (not all 24 layers) and writes it; the -done is free
+    assert by["fs"].bytes == 2 * 2 * 64 * 128 + 4 and by["fd"].bytes == 0
+    # a kernel annotated with an inner instruction's name, or with "_" for ".", joins its launching operator
+    rep.attach_times({"ds": 3e6, "fs_unknown": 1e6}, steps=1)
+    assert by["fs"].time_s == pytest.approx(3e-3)
+    rep2 = analyze(ASYNC_FUSION.replace("%fs", "%fs.7"))
+    rep2.attach_times({"fs_7": 2e6}, steps=2)
+    assert {op.name: op for op in rep2.ops}["fs.7"].time_s == pytest.approx(1e-3)
