@@ -277,15 +277,22 @@ class _Analyzer:
         for i in body:
             for o in i.operands:
                 users.setdefault(o, []).append(i)
+        def through_bitcasts(name: str) -> list[tuple[str, Instr]]:
+            """(the name it uses, user) pairs of `name`'s users, looking through bitcasts (free re-views)."""
+            out = []
+            for u in users.get(name, []):
+                out += through_bitcasts(u.name) if u.opcode == "bitcast" else [(name, u)]
+            return out
+
         read = {}
         for pname, idx in params.items():
             if idx >= len(ins.operands):
                 continue
             full = nbytes(self.types[comp].get(ins.operands[idx], ""))
-            us = users.get(pname, [])
-            if us and all(u.opcode in ("slice", "dynamic-slice") for u in us):
-                full = min(full, sum(nbytes(u.type) for u in us))
-            elif us and all(u.opcode == "dynamic-update-slice" and u.operands[0] == pname for u in us):
+            us = through_bitcasts(pname)
+            if us and all(u.opcode in ("slice", "dynamic-slice") for _, u in us):
+                full = min(full, sum(nbytes(u.type) for _, u in us))
+            elif us and all(u.opcode == "dynamic-update-slice" and u.operands[0] == n for n, u in us):
                 full = 0.0  # aliased in place with the output
             read[ins.operands[idx]] = max(read.get(ins.operands[idx], 0.0), full)
         if not body:
@@ -313,7 +320,10 @@ class _Analyzer:
             return "contraction", self.dot_flop(ins, comp), ""
         if op == "custom-call":
             target = (_attr(ins.attrs, "custom_call_target") or "").strip('"')
-            label = (target + " " + ins.name + " " + ins.attrs).lower()
+            # what it computes: its target, name and the jax op_name (not backend_config: a Triton call carries its
+            # compiled IR there, whose bytes would match any keyword)
+            op_name = re.search(r'op_name="([^"]*)"', ins.attrs)
+            label = (target + " " + ins.name + " " + (op_name.group(1) if op_name else "")).lower()
             if "cublas" in target or "gemm" in target or "matmul" in target:
                 return "contraction", self.dot_flop(ins, comp), target
             if "cudnn" in target and "conv" in target:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -136,6 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernels", choices=("auto", "xla", "pallas"), default="xla", help="fused-operator kernels")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none", help="layer rematerialisation")
+    p.add_argument("--layouts", default="default", metavar="FILE",
+                   help="activation layouts: a JSON file from `python -m layouts.search` or a built-in name")
     p.add_argument("--forward-only", action="store_true", help="the model's forward (eval) instead of a train step")
     p.add_argument("--top", type=int, default=15, help="how many operators to list by bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -152,6 +155,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.profile:
+        # XLA on a GPU replays runs of kernels as CUDA graphs ("command buffers"), which the profiler reports as one
+        # event: switch them off (before the backend starts) so each kernel is an event with its own hlo_op.
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
     from .config import BertConfig, TrainConfig
     kernels = args.compare or [args.kernels]
     try:
@@ -163,10 +170,10 @@ def main(argv=None) -> int:
             raise ValueError(f"--profile {args.profile} needs STEPS >= 1 and times the train step: not with "
                              f"--forward-only or --hlo")
         configs = [TrainConfig(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, kernels=k,
-                               dtype=args.dtype, remat=args.remat) for k in kernels]
+                               dtype=args.dtype, remat=args.remat, layouts=args.layouts) for k in kernels]
     except ValueError as e:  # TrainConfig's validation names the field: say the flag instead
-        msg = re.sub(r"\b(seq_len|batch_size|dtype|remat|kernels)\b", lambda m: "--" + m.group(1).replace("_", "-"),
-                     str(e), count=1)
+        msg = re.sub(r"\b(seq_len|batch_size|dtype|remat|kernels|layouts)\b",
+                     lambda m: "--" + m.group(1).replace("_", "-"), str(e), count=1)
         print(f"hlo_report: error: {msg}", file=sys.stderr)
         return 2
     if args.hlo:
