@@ -178,7 +178,9 @@ backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting
 "rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
   %y = bf16[64,128]{1,0} get-tuple-element(%gemm), index=0
   %ln = bf16[64,128]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton", \
-backend_config={"name":"bdrln_fwd","kernel_name":"bdrln_fwd"}
+metadata={op_name="jit(f)/bdrln_fwd/pallas_call"}, backend_config={ir = "ML\EFR\0D gelu bias"}
+  %g = bf16[64,128]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton", \
+metadata={op_name="jit(f)/bias_gelu_fwd/pallas_call"}, backend_config={ir = "ML\EFR\0D lse layernorm"}
   %ars = bf16[64,128]{1,0} all-reduce-start(%ln), replica_groups={{0,1}}, to_apply=%add
   %ard = bf16[64,128]{1,0} all-reduce-done(%ars)
   ROOT %upd = f32[4,64,128]{2,1,0} fusion(%acc, %ard, %i), kind=kLoop, calls=%fused_update
@@ -192,6 +194,7 @@ def test_gpu_style_module():
     assert by["gemm"].cls == "contraction" and by["gemm"].flop == 2 * 64 * 128 * 256
     assert by["gemm"].bytes == 2 * (64 * 256 + 256 * 128 + 64 * 128)  # the s8 workspace is not counted
     assert by["ln"].cls == "normalization"
+    assert by["g"].cls == "elementwise"  # by its op_name: words inside the kernel's IR blob do not count
     assert rep.collectives()["all-reduce"] == dict(count=1, bytes=2 * 2 * 64 * 128)  # start counted, done free
     # in place: reads the bf16 update (and the index), writes one f32 slice, not the whole [4,64,128] buffer
     assert by["upd"].cls == "elementwise" and by["upd"].bytes == 2 * 64 * 128 + 4 + 4 * 64 * 128
