@@ -59,10 +59,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
                    help="recompute layer activations in the backward pass to save memory")
+    p.add_argument("--layouts", default="default", metavar="FILE",
+                   help="stored order of the encoder layer's activations: a JSON file written by "
+                        "`python -m layouts.search`, or a built-in name (README, Layouts)")
     p.add_argument("--profile-steps", type=_profile_steps, default=None, metavar="A:B",
                    help="write a jax.profiler trace of steps A..B-1 to <out>/profile")
     p.add_argument("--dump-hlo", action="store_true", help="write the optimized HLO of the train step to <out>")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument("--mesh", default="data=-1",
+                   help="device mesh, e.g. data=2,tensor=4: axes data, fsdp (ZeRO-3), tensor (Megatron), pipeline; "
+                        "an axis left out has size 1, one may be -1 (the rest); see README, Distributed training")
+    p.add_argument("--microbatches", type=int, default=1, help="microbatches per step (pipeline schedule)")
+    p.add_argument("--pipeline-repeats", type=int, default=1,
+                   help="layer chunks per pipeline stage (circular pipeline schedule)")
     return p.parse_args(argv)
 
 
@@ -79,7 +88,9 @@ def main(argv=None) -> int:
                          dropout=args.dropout, seed=args.seed, out=args.out, resume=args.resume,
                          eval_every=args.eval_every, eval_batches=args.eval_batches, save_every=args.save_every,
                          log_every=args.log_every, kernels=args.kernels, dtype=args.dtype, remat=args.remat,
-                         profile_steps=args.profile_steps, dump_hlo=args.dump_hlo, progress=not args.no_progress)
+                         layouts=args.layouts, profile_steps=args.profile_steps, dump_hlo=args.dump_hlo,
+                         progress=not args.no_progress,
+                         mesh=args.mesh, microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats)
         summary = train(tc)
     except (ValueError, TrainingStopped) as e:  # bad input, missing checkpoint, non-finite loss, Ctrl-C
         print(f"train.py: error: {e}", file=sys.stderr)

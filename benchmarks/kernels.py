@@ -32,17 +32,19 @@ N1, N2 = 2, 10
 ROTATE_BYTES = [180 * 2**20]  # rotate inputs over at least this many bytes (--scale shrinks it)
 
 
-def per_iteration(step, carry, repeats, min_bytes=None):
+def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
     """Seconds per `step` (carry -> carry) iteration, by the difference of two chained run lengths.
 
     The inputs are rotated: K copies of `carry` (K x its bytes >= `min_bytes`, three times the H200's 60 MB L2),
     iteration i consumes copy i % K's previous output, so no iteration finds its operands in L2.
+    `lengths` = (N1, N2) overrides the two run lengths (shorter ones compile faster: layouts/search.py).
     """
+    n1, n2 = lengths or (N1, N2)
     size = sum(x.nbytes for x in jax.tree.leaves(carry))
     k = max(1, -(-(min_bytes or ROTATE_BYTES[0]) // size))
     copies = tuple(jax.tree.map(lambda x, i=i: x + jnp.zeros((), x.dtype) if i else x, carry) for i in range(k))
     runs = {}
-    for n in (N1 * k, N2 * k):
+    for n in (n1 * k, n2 * k):
         def chain(cs, n=n):
             cs = list(cs)
             for i in range(n):
@@ -57,7 +59,7 @@ def per_iteration(step, carry, repeats, min_bytes=None):
             jax.block_until_ready(f(copies))
             times.append(time.perf_counter() - t)
         runs[n] = statistics.median(times)
-    return (runs[N2 * k] - runs[N1 * k]) / ((N2 - N1) * k)
+    return (runs[n2 * k] - runs[n1 * k]) / ((n2 - n1) * k)
 
 
 def copy_bandwidth(repeats, scale=1):

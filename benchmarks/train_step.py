@@ -1,9 +1,12 @@
 """Throughput of the jaxformer train step (forward, backward, AdamW update) on synthetic batches.
 
     PYTHONPATH=. python benchmarks/train_step.py --config large --seq-len 128 --batch-size 64
+    PYTHONPATH=. python benchmarks/train_step.py --config large --batch-size 128 --mesh data=2   # on 2 GPUs
 
 Times `--steps` back-to-back steps after `--warmup` (the steps chain through the donated state, so the device
-never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory.
+never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory
+(per device, the largest). `--batch-size` is global; with `--mesh` the step runs on that mesh of all devices
+(train.py's `--mesh/--microbatches/--pipeline-repeats`), without it on the default device, unsharded.
 """
 
 import argparse
@@ -13,6 +16,7 @@ import time
 
 import jax
 
+from jaxformer import sharding
 from jaxformer.config import TrainConfig
 from jaxformer.data import synthetic_batch
 from jaxformer.trainer import Steps, build_model, make_optimizer
@@ -26,19 +30,25 @@ def main():
     ap.add_argument("--kernels", default="xla")
     ap.add_argument("--dropout", type=float, default=None)
     ap.add_argument("--remat", default="none")
+    ap.add_argument("--mesh", default=None, help="e.g. data=2, tensor=2, pipeline=2 (default: one device)")
+    ap.add_argument("--microbatches", type=int, default=1)
+    ap.add_argument("--pipeline-repeats", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
-                     dropout=a.dropout, remat=a.remat, steps=1000, warmup_steps=10)
+                     dropout=a.dropout, remat=a.remat, steps=1000, warmup_steps=10, mesh=a.mesh or "data=-1",
+                     microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats)
     cfg = tc.model_config(30522)
+    mesh = sharding.make_mesh(sharding.validate(tc.mesh, cfg, tc)) if a.mesh else None
     model = build_model(cfg, 0)
-    steps = Steps(model, make_optimizer(tc), tc)
-    state = steps.init_state(model, 0)
+    steps = Steps(model, make_optimizer(tc), tc, mesh)
+    state = steps.place(steps.init_state(model, 0))
     del model
     p = max(1, round(0.15 * a.seq_len))
-    batches = [jax.device_put(synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed)) for seed in range(4)]
+    batches = [steps.place_batch(synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed))
+               for seed in range(4)]
     t0 = time.perf_counter()
     state, m = steps.train_step(state, batches[0])
     jax.block_until_ready(m)
@@ -54,12 +64,14 @@ def main():
         jax.block_until_ready((state, m))
         times.append((time.perf_counter() - t) / a.steps)
     step_s = statistics.median(times)
-    stats = jax.devices()[0].memory_stats() or {}
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30 for d in jax.local_devices()]
     result = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config, seq_len=a.seq_len,
-                  batch_size=a.batch_size, kernels=a.kernels, dropout=cfg.hidden_dropout_prob, remat=a.remat,
+                  batch_size=a.batch_size, kernels=a.kernels, mesh=sharding.describe(mesh) if mesh else "1 device",
+                  devices=mesh.size if mesh else 1, microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
+                  dropout=cfg.hidden_dropout_prob, remat=a.remat,
                   ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,
                   spread_ms=[round(x * 1e3, 2) for x in times], loss=float(m["loss"]),
-                  peak_memory_gib=stats.get("peak_bytes_in_use", 0) / 2**30)
+                  peak_memory_gib=max(peaks), peak_memory_gib_per_device=[round(x, 2) for x in peaks])
     print(json.dumps(result))
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from layouts import config as _layouts
+
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 KERNELS = ("auto", "xla", "pallas")
 REMAT_POLICIES = ("none", "full", "dots")
@@ -55,6 +57,8 @@ class BertConfig:
     * `param_dtype`: storage dtype of the parameters (default float32).
     * `kernels`: `"xla"` (plain jax.numpy, fused by XLA), `"pallas"` (fused Pallas kernels) or `"auto"` (pallas on a
       GPU, where it is measured faster, xla elsewhere: interpret mode on a CPU is for tests), see `jaxformer.ops`.
+    * `layouts`: the stored order of each encoder-layer activation: `"default"` (today's BSD/CBSNH/BNST/BSNH/BSF),
+      a built-in name, a JSON file path (as written by `python -m layouts.search`) or a `layouts.LayoutConfig`.
     * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
       layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
       mean `"full"`/`"none"`.
@@ -77,6 +81,7 @@ class BertConfig:
     param_dtype: Any = "float32"
     kernels: str = "auto"
     remat: Any = "none"
+    layouts: Any = "default"
 
     def __post_init__(self):
         _require_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -102,12 +107,29 @@ class BertConfig:
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r} must be one of {REMAT_POLICIES} (or a bool)")
         object.__setattr__(self, "remat", remat)
+        # A name, a JSON path or a LayoutConfig; a dict (from `to_dict`) becomes a LayoutConfig. Checked here, before
+        # any compile: the error names the field, the tensor and the bad letters.
+        layouts = _layouts.load(self.layouts)
+        if not isinstance(self.layouts, str):
+            object.__setattr__(self, "layouts", layouts)
 
     # -- derived quantities, named with the DESIGN.md letters --------------------------------------------------
     @property
     def head_dim(self) -> int:
         """H: the width of one attention head (D / N)."""
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """V rounded up to a multiple of 128 (Megatron): the embedding rows and MLM logits the model stores, so that
+        V splits evenly over any tensor-parallel size up to 128 and the tiles stay aligned. The padded logits are
+        masked out; the public outputs keep `vocab_size`."""
+        return -(-self.vocab_size // 128) * 128
+
+    @property
+    def layout_config(self) -> "_layouts.LayoutConfig":
+        """The stored orders of the encoder layer's activations (`layouts`, resolved; see layouts/config.py)."""
+        return _layouts.load(self.layouts)
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -148,6 +170,79 @@ class BertConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+MESH_AXES = ("data", "fsdp", "tensor", "pipeline")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the device-mesh axes (see README, "Distributed training", and `jaxformer.sharding`).
+
+    `data`: the batch is split, parameters replicated; `fsdp`: the batch is split and parameters, gradients and
+    optimizer state are sharded too (ZeRO-3); `tensor`: attention heads, feed-forward width and vocabulary are split
+    (Megatron); `pipeline`: the layer stack is split into stages. One axis may be -1: it takes the devices left over.
+    """
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+
+    def __post_init__(self):
+        for axis in MESH_AXES:
+            value = getattr(self, axis)
+            if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and value != -1):
+                raise ValueError(f"mesh axis {axis}={value!r} must be a positive integer or -1 (the rest)")
+        if sum(getattr(self, a) == -1 for a in MESH_AXES) > 1:
+            raise ValueError(f"mesh {self.spec()!r}: at most one axis may be -1")
+
+    @classmethod
+    def parse(cls, text: str) -> "MeshConfig":
+        """`"data=2,tensor=2,pipeline=2"` -> MeshConfig; an axis left out has size 1."""
+        sizes: dict[str, int] = {}
+        for piece in (p.strip() for p in str(text).split(",")):
+            if not piece:
+                continue
+            name, eq, value = piece.partition("=")
+            name = name.strip()
+            if not eq:
+                raise ValueError(f"mesh piece {piece!r} in {text!r} must look like axis=size, e.g. data=2")
+            if name not in MESH_AXES:
+                raise ValueError(f"mesh axis {name!r} in {text!r} is unknown; axes are {MESH_AXES}")
+            if name in sizes:
+                raise ValueError(f"mesh axis {name!r} appears twice in {text!r}")
+            try:
+                sizes[name] = int(value.strip())
+            except ValueError:
+                raise ValueError(f"mesh size {piece!r} in {text!r} is not an integer") from None
+        if not sizes:
+            raise ValueError(f"mesh {text!r} names no axis; e.g. data=-1 or data=2,tensor=4")
+        return cls(**sizes)
+
+    def resolve(self, n_devices: int) -> "MeshConfig":
+        """Concrete sizes for `n_devices` devices (-1 takes the rest); the product must equal the device count."""
+        sizes = {a: getattr(self, a) for a in MESH_AXES}
+        known = math.prod(v for v in sizes.values() if v != -1)
+        for a, v in sizes.items():
+            if v == -1:
+                if n_devices % known:
+                    raise ValueError(f"mesh {self.spec()!r}: the other axes' product {known} does not divide "
+                                     f"the device count {n_devices}")
+                sizes[a] = n_devices // known
+        resolved = MeshConfig(**sizes)
+        if resolved.size != n_devices:
+            raise ValueError(f"mesh {self.spec()!r} has {resolved.size} devices (product of the axis sizes) "
+                             f"but there are {n_devices} devices")
+        return resolved
+
+    @property
+    def size(self) -> int:
+        return math.prod(getattr(self, a) for a in MESH_AXES)
+
+    def spec(self) -> str:
+        """The `--mesh` text of this config, every axis named (e.g. "data=2,fsdp=1,tensor=4,pipeline=1")."""
+        return ",".join(f"{a}={getattr(self, a)}" for a in MESH_AXES)
+
+
 OPTIMIZERS = ("adamw", "lamb")
 DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 SCHEDULES = ("linear", "polynomial")
@@ -186,15 +281,20 @@ class TrainConfig:
     kernels: str = "auto"
     dtype: str = "bfloat16"
     remat: str = "none"
+    layouts: str = "default"  # BertConfig.layouts: a built-in name or a JSON file (python -m layouts.search)
     profile_steps: tuple[int, int] | None = None
     dump_hlo: bool = False
     progress: bool = True
+    mesh: str = "data=-1"  # MeshConfig.parse text; the default puts every device on data parallelism
+    microbatches: int = 1  # per step, for the pipeline schedule (jaxformer.pipeline)
+    pipeline_repeats: int = 1  # layer chunks per pipeline stage (circular schedule)
 
     def __post_init__(self):
         if isinstance(self.data, (list, str)):
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str) else tuple(self.data))
         _require_positive_ints(self, ("seq_len", "batch_size", "steps", "eval_every", "save_every", "log_every",
-                                      "eval_batches"))
+                                      "eval_batches", "microbatches", "pipeline_repeats"))
+        MeshConfig.parse(self.mesh)  # syntax only: sizes against devices and model are `sharding.validate`'s job
         if self.seq_len < 8:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")
         if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):
@@ -225,7 +325,8 @@ class TrainConfig:
 
     def model_config(self, vocab_size: int) -> BertConfig:
         """The BertConfig of this run: the preset with the tokenizer's vocab size and the overrides."""
-        overrides = dict(vocab_size=vocab_size, dtype=self.dtype, kernels=self.kernels, remat=self.remat)
+        overrides = dict(vocab_size=vocab_size, dtype=self.dtype, kernels=self.kernels, remat=self.remat,
+                         layouts=self.layouts)
         if self.dropout is not None:
             overrides.update(hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)
         cfg = BertConfig.preset(self.config, **overrides)

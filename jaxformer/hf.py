@@ -65,6 +65,9 @@ _GLOBAL_TABLE = [
     (("nsp_head", "bias"), "cls.seq_relationship.bias", None, None, "NSP head"),
 ]
 
+# Parameters stored with padded_vocab_size rows (BertConfig.padded_vocab_size); Hugging Face has vocab_size rows.
+_VOCAB_PADDED = (("embeddings", "word"), ("mlm_head", "output_bias"))
+
 # Keys Hugging Face keeps that carry no information of their own: buffers and the decoder tied to the embeddings.
 _IGNORED = ("bert.embeddings.position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
@@ -213,6 +216,9 @@ def from_transformers(src, *, seed: int = 0, **overrides) -> BertForPreTraining:
     if any(g.startswith("layer ") or g == "embeddings" for g in missing_groups):
         raise ValueError(f"checkpoint lacks encoder weights: {missing_groups}")
     for path, value in updates.items():
+        if path in _VOCAB_PADDED:  # zero rows past vocab_size, as the model initialises them (no token reads them)
+            pad = np.zeros((config.padded_vocab_size - config.vocab_size, *value.shape[1:]), value.dtype)
+            value = np.concatenate([value, pad])
         _set_node(pure, path, jnp.asarray(value, config.parameter_dtype))
     nnx.replace_by_pure_dict(state, pure)
     nnx.update(model, state)
@@ -256,6 +262,8 @@ def to_transformers(model: BertForPreTraining, directory) -> Path:
     tensors: dict[str, _Array] = {}
     for key, (path, _, to_hf, _, _) in _hf_layout(cfg).items():
         value = _node(pure, path).astype(np.float32)
+        if path in _VOCAB_PADDED:
+            value = value[:cfg.vocab_size]
         if key.startswith("bert.encoder.layer."):
             value = value[int(key.split(".")[3])]
             if ".attention.self." in key:

@@ -22,9 +22,10 @@ from .hlo_analysis import (  # noqa: F401  (COLLECTIVES, analyze, Report are thi
     COLLECTIVES, Report, analyze, CLASSES, shapes)
 
 
-def compiled_hlo(tc, forward_only: bool = False) -> str:
+def compiled_hlo(tc, forward_only: bool = False, mesh=None) -> str:
     """The optimized HLO text of `tc`'s train step (or the model's forward), compiled from abstract shapes only:
-    nothing of the model's size is allocated, so base/large can be analysed on a CPU."""
+    nothing of the model's size is allocated, so base/large can be analysed on a CPU. With a `mesh`
+    (`jaxformer.sharding.make_mesh`) it is the sharded step the trainer runs there, collectives included."""
     import jax
     from flax import nnx
 
@@ -42,10 +43,34 @@ def compiled_hlo(tc, forward_only: bool = False) -> str:
         def forward(params, b):
             m = nnx.merge(graphdef, params, rest)
             return m(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["masked_positions"])
-        return jax.jit(forward).lower(params, batch).compile().as_text()
-    steps = Steps(model, make_optimizer(tc), tc)
+        if mesh is None:
+            return jax.jit(forward).lower(params, batch).compile().as_text()
+        from . import sharding
+        fwd = jax.jit(forward, in_shardings=(sharding.param_shardings(params, mesh), sharding.batch_sharding(mesh)))
+        with jax.set_mesh(mesh):
+            return fwd.lower(nnx.to_pure_dict(params), batch).compile().as_text()
+    steps = Steps(model, make_optimizer(tc), tc, mesh)
     state = jax.eval_shape(lambda: steps.init_state(make(), 0))
     return steps.train_step.lower(state, batch).compile().as_text()
+
+
+def _mesh(text: str, tc):
+    """The mesh of `--mesh` over the first devices it needs (all of them for a -1 axis), checked as train.py checks
+    it. Where JAX has not started yet, a CPU gets as many virtual devices as the mesh has."""
+    import jax
+
+    from . import sharding
+    from .config import MeshConfig
+
+    size = MeshConfig.parse(text).size  # negative with a -1 axis
+    if size > 0:
+        try:
+            jax.config.update("jax_num_cpu_devices", size)
+        except Exception:  # noqa: BLE001 (backends already started, e.g. under pytest: use the devices there are)
+            pass
+    devices = jax.devices()
+    devices = devices[:size] if 0 < size <= len(devices) else devices
+    return sharding.make_mesh(sharding.validate(text, tc.model_config(30522), tc, len(devices)), devices)
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -148,6 +173,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, nargs="?", const=5, default=None, metavar="STEPS",
                    help="run the train step for real, STEPS (default 5) of them under the profiler, and add each "
                         "class's measured share of runtime (use on a GPU; builds the whole model)")
+    p.add_argument("--mesh", default=None,
+                   help="compile the step sharded on this device mesh, as train.py --mesh (e.g. data=2,tensor=4); on "
+                        "a CPU the mesh's size of virtual CPU devices is made; default: one device, no mesh")
     p.add_argument("--hlo", metavar="FILE", default=None,
                    help="analyse this optimized-HLO text file (e.g. train.py --dump-hlo on a GPU) instead of compiling")
     return p.parse_args(argv)
@@ -170,7 +198,11 @@ def main(argv=None) -> int:
             raise ValueError(f"--profile {args.profile} needs STEPS >= 1 and times the train step: not with "
                              f"--forward-only or --hlo")
         configs = [TrainConfig(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, kernels=k,
-                               dtype=args.dtype, remat=args.remat, layouts=args.layouts) for k in kernels]
+                               dtype=args.dtype, remat=args.remat, layouts=args.layouts,
+                               **({"mesh": args.mesh} if args.mesh else {})) for k in kernels]
+        mesh = _mesh(args.mesh, configs[0]) if args.mesh and not args.hlo else None
+        if mesh is not None and args.profile:
+            raise ValueError("--profile with --mesh is not supported: profile one device")
     except ValueError as e:  # TrainConfig's validation names the field: say the flag instead
         msg = re.sub(r"\b(seq_len|batch_size|dtype|remat|kernels|layouts)\b",
                      lambda m: "--" + m.group(1).replace("_", "-"), str(e), count=1)
@@ -189,7 +221,7 @@ def main(argv=None) -> int:
         if args.profile:
             reports[k], text = profiled_report(tc, args.profile)
         else:
-            text = compiled_hlo(tc, args.forward_only)
+            text = compiled_hlo(tc, args.forward_only, mesh)
         if args.dump:
             out = Path(args.dump)
             out.mkdir(parents=True, exist_ok=True)
@@ -202,7 +234,7 @@ def main(argv=None) -> int:
             reports[k].notes.append("Pallas kernels ran in interpret mode (no GPU): each grid is a while loop of "
                                     "per-block slices and updates, so their bytes and counts are not the GPU's")
     setup = dict(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
-                 remat=args.remat, forward_only=args.forward_only)
+                 remat=args.remat, forward_only=args.forward_only, **({"mesh": args.mesh} if args.mesh else {}))
     if args.json:
         if args.compare:
             print(json.dumps(dict(setup, compare={k: r.to_json(args.top) for k, r in reports.items()})))

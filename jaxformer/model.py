@@ -14,6 +14,8 @@ The encoder layer (post-LN, as in BERT):
     x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
 
 The layers are stacked on a leading L axis and run with `jax.lax.scan`, so compile time does not grow with depth.
+The encoder layer's einsums are layout-annotated (`layouts/layer.py`): `config.layouts` decides the stored order of
+each activation (x, qkv, scores, ctx, h); the default is the orders written above.
 """
 
 from __future__ import annotations
@@ -27,29 +29,42 @@ from flax import nnx
 
 from pallas_kernels.dropout import seed_from_key
 
+import layouts.einsum as lx
+from layouts import layer as layer_ops
+
 from . import ops
 from .config import BertConfig
+from .sharding import constrain
+from .pipeline import Pipeline
 
 
-def _normal(rngs: nnx.Rngs, shape, config: BertConfig):
+def _param(value, names: str):
+    """A Param carrying its logical axis names (DESIGN.md letters, "_" for an axis no rule splits) as Flax's
+    `out_sharding` metadata; `jaxformer.sharding.PARAM_RULES` maps them to mesh axes. Not sharded eagerly: the
+    trainer places the parameters on its mesh."""
+    assert len(names) == value.ndim, (names, value.shape)
+    return nnx.Param(value, eager_sharding=False, out_sharding=tuple(None if c == "_" else c for c in names))
+
+
+def _normal(rngs: nnx.Rngs, shape, config: BertConfig, names: str):
     """Hugging Face's initialisation: N(0, initializer_range) for weight matrices and embeddings."""
-    return nnx.Param(config.initializer_range * jax.random.normal(rngs.params(), shape, config.parameter_dtype))
+    return _param(config.initializer_range * jax.random.normal(rngs.params(), shape, config.parameter_dtype), names)
 
 
-def _zeros(shape, config: BertConfig):
-    return nnx.Param(jnp.zeros(shape, config.parameter_dtype))
+def _zeros(shape, config: BertConfig, names: str):
+    return _param(jnp.zeros(shape, config.parameter_dtype), names)
 
 
-def _ones(shape, config: BertConfig):
-    return nnx.Param(jnp.ones(shape, config.parameter_dtype))
+def _ones(shape, config: BertConfig, names: str):
+    return _param(jnp.ones(shape, config.parameter_dtype), names)
 
 
 class LayerNormParams(nnx.Module):
     """Scale and bias of a layernorm; the normalisation itself runs inside the fused operators."""
 
     def __init__(self, config: BertConfig):
-        self.scale = _ones((config.hidden_size,), config)
-        self.bias = _zeros((config.hidden_size,), config)
+        self.scale = _ones((config.hidden_size,), config, "D")
+        self.bias = _zeros((config.hidden_size,), config, "D")
 
 
 class Embeddings(nnx.Module):
@@ -58,9 +73,11 @@ class Embeddings(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         d = config.hidden_size
-        self.word = _normal(rngs, (config.vocab_size, d), config)  # VD, tied to the MLM decoder
-        self.position = _normal(rngs, (config.max_position_embeddings, d), config)
-        self.token_type = _normal(rngs, (config.type_vocab_size, d), config)
+        # VD, tied to the MLM decoder; rows padded with zeros to padded_vocab_size (no token id reaches them)
+        word = _normal(rngs, (config.vocab_size, d), config, "VD")[...]
+        self.word = _param(jnp.pad(word, ((0, config.padded_vocab_size - config.vocab_size), (0, 0))), "VD")
+        self.position = _normal(rngs, (config.max_position_embeddings, d), config, "_D")
+        self.token_type = _normal(rngs, (config.type_vocab_size, d), config, "_D")
         self.layer_norm = LayerNormParams(config)
 
     def __call__(self, input_ids, token_type_ids, *, seed, rate: float):
@@ -69,9 +86,9 @@ class Embeddings(nnx.Module):
         word = jnp.take(self.word[...], input_ids, axis=0)  # BSD
         token_type = jnp.take(self.token_type[...], token_type_ids, axis=0)  # BSD
         position = self.position[:s][None]  # 1SD
-        return ops.select(cfg.kernels).embedding_layernorm(
+        return constrain(ops.select(cfg.kernels).embedding_layernorm(
             word, position, token_type, self.layer_norm.scale[...], self.layer_norm.bias[...],
-            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype)
+            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype), "BSD")
 
 
 class SelfAttention(nnx.Module):
@@ -80,24 +97,25 @@ class SelfAttention(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         d, n, h = config.hidden_size, config.num_attention_heads, config.head_dim
-        self.qkv_kernel = _normal(rngs, (3, d, n, h), config)  # CDNH
-        self.qkv_bias = _zeros((3, n, h), config)  # CNH
-        self.out_kernel = _normal(rngs, (n, h, d), config)  # NHD
-        self.out_bias = _zeros((d,), config)
+        self.qkv_kernel = _normal(rngs, (3, d, n, h), config, "CDNH")
+        self.qkv_bias = _zeros((3, n, h), config, "CNH")
+        self.out_kernel = _normal(rngs, (n, h, d), config, "NHD")
+        self.out_bias = _zeros((d,), config, "D")
         self.layer_norm = LayerNormParams(config)
 
     def __call__(self, x, mask, *, seeds, deterministic: bool):
-        cfg, dt = self.config, self.config.compute_dtype
+        """x stored in `layouts.x` order (BSD by default); the result too."""
+        cfg, dt, L = self.config, self.config.compute_dtype, self.config.layout_config
         f = ops.select(cfg.kernels)
-        qkv = jnp.einsum("BSD,CDNH->CBSNH", x, self.qkv_kernel[...].astype(dt))
-        qkv = qkv + self.qkv_bias[...].astype(dt)[:, None, None]  # AIB: XLA fuses it into the GEMM epilogue
+        x = constrain(lx.annotate(x, L.x))  # layer boundary: B split over data/fsdp, D whole
+        qkv = constrain(layer_ops.qkv_projection(x, self.qkv_kernel[...], self.qkv_bias[...], L, dt))  # N: tensor
         rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-        ctx = f.attention(qkv[0], qkv[1], qkv[2], mask, seed=seeds[0], rate=rate)  # BSNH
-        out = jnp.einsum("BSNH,NHD->BSD", ctx, self.out_kernel[...].astype(dt))
+        ctx = layer_ops.attention(f, ops.resolve(cfg.kernels) == "pallas", qkv, mask, L, seed=seeds[0],
+                                  rate=rate)  # BSNH
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
-        return f.bias_dropout_residual_layernorm(
-            out, self.out_bias[...], x, self.layer_norm.scale[...], self.layer_norm.bias[...],
-            seed=seeds[1], rate=rate, eps=cfg.layer_norm_eps)
+        return layer_ops.attention_output(  # BSNH,NHD->BSD, then BDRLN
+            f, ctx, self.out_kernel[...], self.out_bias[...], x, self.layer_norm.scale[...],
+            self.layer_norm.bias[...], L, dt, seed=seeds[1], rate=rate, eps=cfg.layer_norm_eps).array
 
 
 class FeedForward(nnx.Module):
@@ -106,21 +124,22 @@ class FeedForward(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         d, ff = config.hidden_size, config.intermediate_size
-        self.in_kernel = _normal(rngs, (d, ff), config)  # DF
-        self.in_bias = _zeros((ff,), config)
-        self.out_kernel = _normal(rngs, (ff, d), config)  # FD
-        self.out_bias = _zeros((d,), config)
+        self.in_kernel = _normal(rngs, (d, ff), config, "DF")
+        self.in_bias = _zeros((ff,), config, "F")
+        self.out_kernel = _normal(rngs, (ff, d), config, "FD")
+        self.out_bias = _zeros((d,), config, "D")
         self.layer_norm = LayerNormParams(config)
 
     def __call__(self, x, *, seed, deterministic: bool):
-        cfg, dt = self.config, self.config.compute_dtype
+        """x stored in `layouts.x` order (BSD by default); the result too."""
+        cfg, dt, L = self.config, self.config.compute_dtype, self.config.layout_config
         f = ops.select(cfg.kernels)
-        h = f.bias_gelu(jnp.einsum("BSD,DF->BSF", x, self.in_kernel[...].astype(dt)), self.in_bias[...])
-        out = jnp.einsum("BSF,FD->BSD", h, self.out_kernel[...].astype(dt))
+        x = constrain(lx.annotate(x, L.x))  # layer boundary: B split over data/fsdp, D whole
+        h = constrain(layer_ops.ffn_intermediate(f, x, self.in_kernel[...], self.in_bias[...], L, dt))  # F: tensor
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
-        return f.bias_dropout_residual_layernorm(
-            out, self.out_bias[...], x, self.layer_norm.scale[...], self.layer_norm.bias[...],
-            seed=seed, rate=rate, eps=cfg.layer_norm_eps)
+        return layer_ops.ffn_output(  # BSF,FD->BSD, then BDRLN
+            f, h, self.out_kernel[...], self.out_bias[...], x, self.layer_norm.scale[...], self.layer_norm.bias[...],
+            L, dt, seed=seed, rate=rate, eps=cfg.layer_norm_eps).array
 
 
 class EncoderLayer(nnx.Module):
@@ -150,15 +169,25 @@ class Encoder(nnx.Module):
         self.config = config
 
         @nnx.split_rngs(splits=config.num_hidden_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "L"})  # names: L + layer's
         def make_layers(rngs):
             return EncoderLayer(config, rngs=rngs)
 
         self.layers = make_layers(rngs)
 
-    def __call__(self, x, mask, *, key, deterministic: bool):
+    def __call__(self, x, mask, *, key, deterministic: bool, pipeline: Optional[Pipeline] = None):
         cfg = self.config
+        layout = cfg.layout_config.x  # the layers' stored order of x (a transpose in and out when not BSD)
         graphdef, state = nnx.split(self.layers)
+        if pipeline is not None and not pipeline.is_plain:  # microbatches through stages: jaxformer/pipeline.py
+            def layer_fn(layer_state, h, mask, key):
+                # The pipeline splits microbatches on B: keep BSD between layers here, the layer's order inside.
+                h = lx.annotate(h, "BSD").to(layout)
+                h = nnx.merge(graphdef, layer_state)(h, mask, key=key, deterministic=deterministic)
+                return lx.annotate(h, layout).to("BSD")
+
+            policy = _REMAT_POLICIES[cfg.remat] if cfg.remat != "none" else None
+            return pipeline.run(layer_fn, state, x, mask, key=key, remat_policy=policy)
 
         def body(h, xs):
             layer_state, index = xs
@@ -168,8 +197,9 @@ class Encoder(nnx.Module):
 
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        x = lx.annotate(x, "BSD").to(layout)
         x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
-        return x
+        return lx.annotate(x, layout).to("BSD")
 
 
 class Pooler(nnx.Module):
@@ -177,8 +207,8 @@ class Pooler(nnx.Module):
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.kernel = _normal(rngs, (config.hidden_size, config.hidden_size), config)  # DD
-        self.bias = _zeros((config.hidden_size,), config)
+        self.kernel = _normal(rngs, (config.hidden_size, config.hidden_size), config, "D_")  # DD
+        self.bias = _zeros((config.hidden_size,), config, "D")
 
     def __call__(self, x):
         dt = self.config.compute_dtype
@@ -192,19 +222,22 @@ class MLMHead(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         d = config.hidden_size
-        self.kernel = _normal(rngs, (d, d), config)  # DD
-        self.bias = _zeros((d,), config)
+        self.kernel = _normal(rngs, (d, d), config, "D_")  # DD
+        self.bias = _zeros((d,), config, "D")
         self.layer_norm = LayerNormParams(config)
-        self.output_bias = _zeros((config.vocab_size,), config)  # V
+        self.output_bias = _zeros((config.padded_vocab_size,), config, "V")  # V, padded like the embeddings
 
     def __call__(self, x, word_embeddings):
-        """x: (B, P, D) hidden states; returns float32 logits (B, P, V)."""
+        """x: (B, P, D) hidden states; returns float32 logits (B, P, padded V), the padded columns at float32's min
+        (they never win an argmax and add nothing to a logsumexp)."""
         cfg, dt = self.config, self.config.compute_dtype
         f = ops.select(cfg.kernels)
         h = f.bias_gelu(jnp.einsum("BPD,DE->BPE", x, self.kernel[...].astype(dt)), self.bias[...])
         h = f.layer_norm(h, self.layer_norm.scale[...], self.layer_norm.bias[...], eps=cfg.layer_norm_eps)
         logits = jnp.einsum("BPD,VD->BPV", h, word_embeddings.astype(dt), preferred_element_type=jnp.float32)
-        return logits + self.output_bias[...].astype(jnp.float32)
+        logits = constrain(logits + self.output_bias[...].astype(jnp.float32), "BPV")  # V split over tensor
+        real = jnp.arange(logits.shape[-1]) < cfg.vocab_size
+        return jnp.where(real, logits, jnp.finfo(jnp.float32).min)
 
 
 class NSPHead(nnx.Module):
@@ -212,8 +245,8 @@ class NSPHead(nnx.Module):
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.kernel = _normal(rngs, (config.hidden_size, 2), config)
-        self.bias = _zeros((2,), config)
+        self.kernel = _normal(rngs, (config.hidden_size, 2), config, "D_")
+        self.bias = _zeros((2,), config, "_")
 
     def __call__(self, pooled):
         dt = self.config.compute_dtype
@@ -230,6 +263,9 @@ class PreTrainingOutput:
     mlm_logits: jax.Array
     nsp_logits: jax.Array
     hidden_states: jax.Array
+    # (B, P, padded V): what the loss uses, so the tensor-split vocabulary is never gathered (the slice to V is not
+    # even over `tensor`); padded columns hold float32's min.
+    padded_mlm_logits: Optional[jax.Array] = None
 
 
 class BertForPreTraining(nnx.Module):
@@ -250,7 +286,8 @@ class BertForPreTraining(nnx.Module):
         self.dropout_rngs = rngs["dropout"].fork()
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None, masked_positions=None, *,
-                 deterministic: bool = True, dropout_key: Optional[jax.Array] = None) -> PreTrainingOutput:
+                 deterministic: bool = True, dropout_key: Optional[jax.Array] = None,
+                 pipeline: Optional[Pipeline] = None) -> PreTrainingOutput:
         """Run the model.
 
         Args:
@@ -260,6 +297,8 @@ class BertForPreTraining(nnx.Module):
           masked_positions: optional (B, P) positions at which to run the MLM head; without it, every position.
           deterministic: True disables dropout (evaluation).
           dropout_key: optional PRNG key for dropout; by default one is drawn from the model's `dropout` stream.
+          pipeline: optional `Pipeline` schedule for the encoder layers (None: the plain scan); the embeddings and
+            heads run outside it, replicated over the `pipeline` mesh axis.
         """
         cfg = self.config
         if input_ids.ndim != 2:
@@ -267,6 +306,8 @@ class BertForPreTraining(nnx.Module):
         b, s = input_ids.shape
         if s > cfg.max_position_embeddings:
             raise ValueError(f"sequence length {s} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+        if pipeline is not None:
+            pipeline.check(cfg.num_hidden_layers, b)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if attention_mask is None:
@@ -280,12 +321,13 @@ class BertForPreTraining(nnx.Module):
         emb_key, enc_key = jax.random.split(key)
         emb_rate = 0.0 if deterministic else cfg.hidden_dropout_prob
         x = self.embeddings(input_ids, token_type_ids, seed=seed_from_key(emb_key), rate=emb_rate)
-        x = self.encoder(x, mask, key=enc_key, deterministic=deterministic)
+        x = self.encoder(x, mask, key=enc_key, deterministic=deterministic, pipeline=pipeline)
 
         if masked_positions is None:
             selected = x
         else:
             selected = jnp.take_along_axis(x, masked_positions[..., None].astype(jnp.int32), axis=1)  # BPD
-        mlm_logits = self.mlm_head(selected, self.embeddings.word[...])
+        padded = self.mlm_head(selected, self.embeddings.word[...])
         nsp_logits = self.nsp_head(self.pooler(x))
-        return PreTrainingOutput(mlm_logits=mlm_logits, nsp_logits=nsp_logits, hidden_states=x)
+        return PreTrainingOutput(mlm_logits=padded[..., :cfg.vocab_size], nsp_logits=nsp_logits, hidden_states=x,
+                                 padded_mlm_logits=padded)

@@ -16,15 +16,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from . import ops
+from . import ops, sharding
 from .config import BertConfig, TrainConfig
 from .data import DataConfig, Prefetcher, PretrainingData, builtin_corpus, load_or_train_tokenizer
 from .model import BertForPreTraining
+from .pipeline import Pipeline
 from .outputs import CheckpointError, Checkpointer, MetricsWriter, plot_losses
 
 
@@ -72,7 +72,11 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
 
 def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32)."""
-    logits = out.mlm_logits.astype(jnp.float32)  # BPV
+    # The padded logits (their extra columns at float32's min add nothing), split over `tensor` on V: GSPMD turns the
+    # logsumexp, the label pick and the max below into local work plus all-reduces of B*P numbers, a vocabulary-
+    # parallel cross-entropy (Megatron), and never gathers the B*P*V logits (tests/test_sharding.py checks the HLO).
+    padded = getattr(out, "padded_mlm_logits", None)
+    logits = (out.mlm_logits if padded is None else padded).astype(jnp.float32)  # BPV
     labels, weights = batch["masked_labels"], batch["masked_weights"]
     logz = jax.nn.logsumexp(logits, axis=-1)
     label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
@@ -89,22 +93,74 @@ def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     return mlm_loss + nsp_loss, metrics
 
 
-def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None):
+def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None, pipeline=None):
     model = nnx.merge(graphdef, params, rest)
     return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
-                 deterministic=deterministic, dropout_key=dropout_key)
+                 deterministic=deterministic, dropout_key=dropout_key, pipeline=pipeline)
+
+
+class _OnMesh:
+    """A jitted step called (and lowered) with its mesh set, so `sharding.constrain` and the Pallas kernels'
+    `batch_shard_map` see the mesh while tracing."""
+
+    def __init__(self, fn, mesh):
+        self.fn, self.mesh = fn, mesh
+
+    def __call__(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.fn(*args)
+
+    def lower(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.fn.lower(*args)
 
 
 class Steps:
-    """The compiled train and eval steps of one model and optimizer (the model's structure is static)."""
+    """The compiled train and eval steps of one model and optimizer (the model's structure is static).
 
-    def __init__(self, model: BertForPreTraining, tx: optax.GradientTransformation, tc: TrainConfig):
+    With a `mesh` (`sharding.make_mesh`), the steps are jitted with explicit shardings: parameters, gradients and
+    optimizer state as `sharding.PARAM_RULES` says (over `fsdp` that is ZeRO-3), the batch split on B, the state
+    donated; `place` puts a state there. Without one, plain `jax.jit` on the default device (benchmarks, tests).
+    """
+
+    def __init__(self, model: BertForPreTraining, tx: optax.GradientTransformation, tc: TrainConfig, mesh=None):
         # The structure (graphdef) and the non-parameter state (rest) are static; the parameters live in TrainState.
-        self.graphdef, _, self.rest = nnx.split(model, nnx.Param, ...)
-        self.tx, self.tc = tx, tc
+        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+        self.tx, self.tc, self.mesh = tx, tc, mesh
         self.schedule = learning_rate_schedule(tc)
-        self.train_step = jax.jit(self._train_step, donate_argnums=0)
-        self.eval_step = jax.jit(self._eval_step)
+        # The encoder's schedule: stages = the mesh's `pipeline` axis, microbatches and repeats from the flags
+        # (jaxformer/pipeline.py; one stage and one microbatch is the plain scan). Checked here, before tracing.
+        stages = mesh.shape["pipeline"] if mesh is not None else 1
+        self.pipeline = Pipeline(stages=stages, microbatches=tc.microbatches, repeats=tc.pipeline_repeats)
+        self.pipeline.check(model.config.num_hidden_layers, tc.batch_size)
+        if self.pipeline.is_plain:
+            self.pipeline = None
+        if mesh is None:
+            self.state_shardings = self.batch_sharding = None
+            self.train_step = jax.jit(self._train_step, donate_argnums=0)
+            self.eval_step = jax.jit(self._eval_step)
+            return
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        param_sh = sharding.param_shardings(params, mesh)
+        # Optimizer moments mirror the parameters' shardings; counts and other scalars are replicated.
+        opt_abstract = jax.eval_shape(tx.init, nnx.to_pure_dict(params))
+        opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, param_sh,
+                                       transform_non_params=lambda _: replicated,
+                                       is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        self.state_shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated,
+                                          bad_step=replicated)
+        self.batch_sharding = sharding.batch_sharding(mesh)
+        self.train_step = _OnMesh(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
+                                          out_shardings=(self.state_shardings, replicated), donate_argnums=0), mesh)
+        self.eval_step = _OnMesh(jax.jit(self._eval_step, in_shardings=(param_sh, self.batch_sharding),
+                                         out_shardings=replicated), mesh)
+
+    def place(self, state: TrainState) -> TrainState:
+        """`state` on the mesh with the steps' shardings (unchanged without a mesh)."""
+        return state if self.mesh is None else jax.device_put(state, self.state_shardings)
+
+    def place_batch(self, batch):
+        return jax.device_put(batch, self.batch_sharding) if self.mesh is not None else jax.device_put(batch)
 
     def init_state(self, model: BertForPreTraining, seed: int) -> TrainState:
         """Step 0 with `model`'s parameters, a fresh optimizer state and the dropout key of `seed`."""
@@ -116,7 +172,8 @@ class Steps:
         rng, dropout_key = jax.random.split(jax.random.wrap_key_data(state.rng))
 
         def loss_fn(params):
-            out = _forward(self.graphdef, self.rest, params, batch, deterministic=False, dropout_key=dropout_key)
+            out = _forward(self.graphdef, self.rest, params, batch, deterministic=False, dropout_key=dropout_key,
+                           pipeline=self.pipeline)
             return pretraining_losses(out, batch)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -133,7 +190,7 @@ class Steps:
         return new, metrics
 
     def _eval_step(self, params, batch) -> dict[str, jax.Array]:
-        out = _forward(self.graphdef, self.rest, params, batch, deterministic=True)
+        out = _forward(self.graphdef, self.rest, params, batch, deterministic=True, pipeline=self.pipeline)
         _, metrics = pretraining_losses(out, batch)
         return metrics
 
@@ -188,6 +245,8 @@ def _config_diff(saved: dict, current: dict) -> list[str]:
 
 def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled."""
+    # The mesh checks first (again below with the tokenizer's vocabulary): a bad --mesh fails before any data work.
+    sharding.validate(tc.mesh, tc.model_config(tc.vocab_size or 30522), tc)
     out = _resolve_out(tc)
     ckpt_dir = out / "checkpoints"
     if tc.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
@@ -210,9 +269,7 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     if data.stats.undecodable_lines:
         log(f"data: skipped {data.stats.undecodable_lines} lines with undecodable bytes")
     cfg = tc.model_config(vocab_size)
-    n_dev = jax.device_count()
-    if tc.batch_size % n_dev:
-        raise ValueError(f"batch_size={tc.batch_size} is not divisible by the device count ({n_dev})")
+    mesh_cfg = sharding.validate(tc.mesh, cfg, tc)
     steps_per_epoch = data.steps_per_epoch(tc.batch_size)
     log(f"data: {data.num_train_examples} training / {data.num_eval_examples} eval examples "
         f"({steps_per_epoch} steps per epoch), vocab {vocab_size}, seq_len {tc.seq_len}")
@@ -234,19 +291,19 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         if start >= tc.steps:
             raise ValueError(f"--resume: the checkpoint is at step {start}, not below --steps {tc.steps}")
 
-    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    mesh = sharding.make_mesh(mesh_cfg)
     model = build_model(cfg, tc.seed)
-    steps = Steps(model, make_optimizer(tc), tc)
-    state = jax.device_put(steps.init_state(model, tc.seed), replicated)
-    del model  # its arrays now live (replicated) in `state`
+    steps = Steps(model, make_optimizer(tc), tc, mesh)
+    batch_sharding = steps.batch_sharding
+    state = steps.place(steps.init_state(model, tc.seed))
+    del model  # its arrays now live (sharded by the rules) in `state`
     if tc.resume:
         state = ckpt.restore(start, state)
         log(f"resumed from {ckpt_dir / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={ops.resolve(cfg.kernels)}) on "
-        f"{n_dev} {jax.devices()[0].platform} device(s); {tc.optimizer}, lr {tc.peak_lr}, batch {tc.batch_size}")
+        f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
+        f"lr {tc.peak_lr}, batch {tc.batch_size}")
 
     eval_batches = [jax.device_put(b, batch_sharding) for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
     baseline = data.most_frequent_token_baseline

@@ -25,6 +25,8 @@ warnings.filterwarnings("ignore", message=r"(?i).*deprecat.*triton.*")
 
 # Mesh axes that split the batch: kernels run per shard on them (see `batch_shard_map`).
 BATCH_AXES = ("data", "fsdp")
+# The mesh axis that splits attention heads (tensor parallelism, jaxformer.sharding); see `batch_shard_map`.
+HEAD_AXIS = "tensor"
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
@@ -63,12 +65,14 @@ def keep(seed_ref, rows, cols, width: int, rate: float):
     return hash_uint32(seed_ref[0], seed_ref[1], index) >= jnp.uint32(keep_threshold(rate))
 
 
-def seed_words(seed, row_offset=0):
-    """uint32[4] = [seed0, seed1, row_offset, 0] for `keep` (a power-of-two length, as Triton wants)."""
+def seed_words(seed, row_offset=0, head_offset=0):
+    """uint32[4] = [seed0, seed1, row_offset, head_offset] for `keep` and the attention kernels (a power-of-two
+    length, as Triton wants); head_offset is the first head of a tensor-parallel shard (0 elsewhere)."""
     if seed is None:
         seed = jnp.zeros((2,), jnp.uint32)
     off = jnp.asarray(row_offset, jnp.uint32).reshape(1)
-    return jnp.concatenate([jnp.asarray(seed, jnp.uint32).reshape(2), off, jnp.zeros((1,), jnp.uint32)])
+    head = jnp.asarray(head_offset, jnp.uint32).reshape(1)
+    return jnp.concatenate([jnp.asarray(seed, jnp.uint32).reshape(2), off, head])
 
 
 def load(ref, mask, other=0.0):
@@ -91,7 +95,7 @@ def current_mesh():
     return mesh
 
 
-def batch_shard_map(fn, n_batched: int):
+def batch_shard_map(fn, n_batched: int, *, head_dims=None, out_head_dim: int | None = None):
     """Run `fn(row_offset, *batched, *replicated)` per batch shard when a mesh with batch axes is set.
 
     A `pallas_call` has no sharding rule: under a sharded `jit` XLA would gather its inputs and run it replicated.
@@ -99,18 +103,30 @@ def batch_shard_map(fn, n_batched: int):
     are replicated, and every output comes back split on its leading dimension: activations, or per-shard partial
     sums stacked on a leading axis, which the caller reduces. `None` arguments (absent optional operands) reach
     `fn` as `None`. `row_offset` is the shard's first row (in units of the leading dimension), for dropout indices.
+
+    Heads (tensor parallelism): with `head_dims` (for each argument, the dimension split over the mesh's `tensor`
+    axis, e.g. attention heads or feed-forward width, or None; missing trailing entries are None), those dimensions
+    are split over `tensor` too, every output is split on `out_head_dim`, and the call is
+    `fn(row_offset, head_offset, *args)`: head_offset is the shard's first index on that dimension, so a kernel can
+    form the element index of the unsharded tensor (its dropout mask then equals the unsharded one).
     """
+    with_heads = head_dims is not None
 
     @functools.wraps(fn)
     def wrapped(*args):
         mesh = current_mesh()
         axes = _batch_axes(mesh) if mesh is not None else ()
-        if not axes:
-            return fn(jnp.uint32(0), *args)
+        split_heads = with_heads and mesh is not None and mesh.shape.get(HEAD_AXIS, 1) > 1
+        if not axes and not split_heads:
+            return fn(jnp.uint32(0), jnp.uint32(0), *args) if with_heads else fn(jnp.uint32(0), *args)
         shards = 1
         for a in axes:
             shards *= mesh.shape[a]
         lead = args[0].shape[0]
+        tp = mesh.shape[HEAD_AXIS] if split_heads else 1
+        heads = next((args[i].shape[d] for i, d in enumerate(head_dims) if d is not None), 1) if split_heads else 1
+        if heads % tp:
+            raise ValueError(f"the {heads} heads do not divide over the mesh axis {HEAD_AXIS!r} ({tp} shards)")
         if lead % shards:
             raise ValueError(f"the batch dimension {lead} does not divide over the mesh axes {axes} ({shards} shards)")
         n_args, present = len(args), [i for i, a in enumerate(args) if a is not None]
@@ -122,10 +138,24 @@ def batch_shard_map(fn, n_batched: int):
             full = [None] * n_args
             for i, a in zip(present, shard_args):
                 full[i] = a
-            return fn(index * jnp.uint32(lead // shards), *full)
+            if not with_heads:
+                return fn(index * jnp.uint32(lead // shards), *full)
+            head = jax.lax.axis_index(HEAD_AXIS).astype(jnp.uint32) * jnp.uint32(heads // tp) if split_heads \
+                else jnp.uint32(0)
+            return fn(index * jnp.uint32(lead // shards), head, *full)
 
-        spec = P(axes)
-        in_specs = tuple(spec if i < n_batched else P() for i in present)
+        batch = axes or None
+
+        def split(head_dim, lead=batch):  # the spec of an array split on B (lead) and/or its head dimension
+            if not split_heads or head_dim is None:
+                return P(lead)
+            return P(*([lead] + [None] * (head_dim - 1))[:head_dim], HEAD_AXIS)
+
+        def head_dim(i):
+            return head_dims[i] if with_heads and i < len(head_dims) else None
+
+        spec = split(out_head_dim)
+        in_specs = tuple(split(head_dim(i), batch if i < n_batched else None) for i in present)
         shard_args = tuple(args[i] for i in present)
         if getattr(mesh, "explicit_axes", ()):  # explicit axes: the types must match the specs (no-op when they do)
             shard_args = tuple(jax.reshard(a, s) for a, s in zip(shard_args, in_specs))

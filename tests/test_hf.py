@@ -106,7 +106,11 @@ def test_round_trip_is_exact(tmp_path):
     back = from_transformers(hf, dtype=jnp.float32)
     for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)),
                                  jax.tree_util.tree_leaves_with_path(nnx.state(back, nnx.Param))):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape[0] == cfg.padded_vocab_size != cfg.vocab_size:  # the padded vocabulary rows are not exported
+            np.testing.assert_array_equal(b[cfg.vocab_size:], 0, err_msg=str(path))
+            a, b = a[:cfg.vocab_size], b[:cfg.vocab_size]
+        np.testing.assert_array_equal(a, b, err_msg=str(path))
     ids, types, mask = _inputs(CONFIGS[0], seed=9)
     _assert_match(_ours(model, ids, types, mask), _hf_logits(hf, ids, types, mask), mask)
 

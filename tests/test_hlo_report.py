@@ -178,9 +178,9 @@ backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting
 "rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
   %y = bf16[64,128]{1,0} get-tuple-element(%gemm), index=0
   %ln = bf16[64,128]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton", \
-metadata={op_name="jit(f)/bdrln_fwd/pallas_call"}, backend_config={ir = "ML\EFR\0D gelu bias"}
+metadata={op_name="jit(f)/bdrln_fwd/pallas_call"}, backend_config={ir = "MLIR gelu bias"}
   %g = bf16[64,128]{1,0} custom-call(%y), custom_call_target="__gpu$xla.gpu.triton", \
-metadata={op_name="jit(f)/bias_gelu_fwd/pallas_call"}, backend_config={ir = "ML\EFR\0D lse layernorm"}
+metadata={op_name="jit(f)/bias_gelu_fwd/pallas_call"}, backend_config={ir = "MLIR lse layernorm"}
   %ars = bf16[64,128]{1,0} all-reduce-start(%ln), replica_groups={{0,1}}, to_apply=%add
   %ard = bf16[64,128]{1,0} all-reduce-done(%ars)
   ROOT %upd = f32[4,64,128]{2,1,0} fusion(%acc, %ard, %i), kind=kLoop, calls=%fused_update

@@ -31,19 +31,24 @@ def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
 
 def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
                             block_sizes: BlockSizes | None = None):
-    """`flash_attention` run per batch shard when a mesh with batch axes is set (`jax.set_mesh`), else directly.
+    """`flash_attention` run per batch shard when a mesh with batch axes is set (`jax.set_mesh`), else directly;
+    with a `tensor` axis the heads (N of BSNH) are split over it too, instead of gathered.
 
-    Each shard passes its first example's index as `batch_offset`, so the dropout masks are the unsharded ones.
+    Each shard passes its first example's index as `batch_offset` and its first head's as `head_offset` (with the
+    total head count), so the dropout masks are the unsharded ones.
     """
-    def run(offset, q, k, v, mask, seed):
-        return flash_attention(q, k, v, mask, seed=seed, rate=rate, interpret=interpret, block_sizes=block_sizes,
-                               batch_offset=offset)
+    heads = q.shape[2]
 
-    return batch_shard_map(run, n_batched=4)(q, k, v, mask, seed)
+    def run(offset, head_offset, q, k, v, mask, seed):
+        return flash_attention(q, k, v, mask, seed=seed, rate=rate, interpret=interpret, block_sizes=block_sizes,
+                               batch_offset=offset, head_offset=head_offset, total_heads=heads)
+
+    return batch_shard_map(run, n_batched=4, head_dims=(2, 2, 2, None), out_head_dim=2)(q, k, v, mask, seed)
 
 
 def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
-                    block_sizes: BlockSizes | None = None, batch_offset=0):
+                    block_sizes: BlockSizes | None = None, batch_offset=0, head_offset=0,
+                    total_heads: int | None = None):
     """Context (B, S, N, H) in q's dtype from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T).
 
     Same result as `attention(q, k, v, mask, seed=seed, rate=rate)` (the same dropout mask, bit for bit) without
@@ -52,7 +57,8 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
     `interpret=None` interprets the kernels on a CPU backend and compiles them (Triton) elsewhere.
     H must be a power of two >= 16 and S, T multiples of the block sizes (`default_block_sizes(S, H, T)`).
     `batch_offset` (uint32, may be traced) is the index of q's first example in the whole batch: under a batch
-    `shard_map` it makes each shard draw the reference's mask of the unsharded tensor.
+    `shard_map` it makes each shard draw the reference's mask of the unsharded tensor. Likewise `head_offset` is the
+    index of q's first head among `total_heads` (static; default q's N) when the heads are split (tensor parallel).
     Differentiable in q, k, v; mask and seed get no gradient.
     """
     rate = float(rate)
@@ -67,25 +73,27 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
     else:
         if jnp.shape(seed) != (2,):
             raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
-        seed = seed_words(seed, batch_offset)
-    return _flash(q, k, v, kernel.mask_code(mask), seed, rate, bool(interpret), block_sizes)
+        seed = seed_words(seed, batch_offset, head_offset)
+    heads = q.shape[2] if total_heads is None else int(total_heads)
+    return _flash(q, k, v, kernel.mask_code(mask), seed, rate, bool(interpret), block_sizes, heads)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _flash(q, k, v, code, seed, rate, interpret, blocks):
-    out, _ = kernel.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _flash(q, k, v, code, seed, rate, interpret, blocks, heads):
+    out, _ = kernel.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads)
     return out
 
 
-def _flash_fwd(q, k, v, code, seed, rate, interpret, blocks):
-    out, lse = kernel.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret)
+def _flash_fwd(q, k, v, code, seed, rate, interpret, blocks, heads):
+    out, lse = kernel.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads)
     # Residuals: the inputs (views, no copies), the output and the fp32 logsumexp; the dropout mask is regenerated.
     return out, (q, k, v, code, seed, out, lse)
 
 
-def _flash_bwd(rate, interpret, blocks, res, do):
+def _flash_bwd(rate, interpret, blocks, heads, res, do):
     q, k, v, code, seed, out, lse = res
-    dq, dk, dv = kernel.backward(q, k, v, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret)
+    dq, dk, dv = kernel.backward(q, k, v, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
+                                 heads=heads)
     return dq, dk, dv, None, None  # the int mask code and the uint32 seed words have no cotangent
 
 

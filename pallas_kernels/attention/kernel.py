@@ -125,15 +125,16 @@ def _scores(q, k, code, qk_scale):
 def _dropout_base(seed_ref, *, heads, s_len):
     """(seed0, seed1, (b*N + n)*S in uint32) for the program's (b, n) = grid axes 1, 2; None without dropout.
 
-    seed_ref holds uint32 [seed0, seed1, batch_offset, 0]: b counts from the shard's first example, so a batch
-    shard draws the same mask as the unsharded reference. Called at the kernel's top level: the seed is loaded
+    seed_ref holds uint32 [seed0, seed1, batch_offset, head_offset]: b counts from the shard's first example and n
+    from its first head, with `heads` the total (unsharded) head count, so a batch or head (tensor-parallel) shard
+    draws the same mask as the unsharded reference. Called at the kernel's top level: the seed is loaded
     once, and interpret mode substitutes program_id only there, not inside loop bodies.
     """
     if seed_ref is None:
         return None
     u32 = jnp.uint32
     b = pl.program_id(1).astype(u32) + seed_ref[2]
-    head_row = (b * u32(heads) + pl.program_id(2).astype(u32)) * u32(s_len)
+    head_row = (b * u32(heads) + pl.program_id(2).astype(u32) + seed_ref[3]) * u32(s_len)
     return seed_ref[0], seed_ref[1], head_row
 
 
@@ -258,21 +259,23 @@ def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_r
 
 
 def _seed_spec(seed):
-    return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, 0]
+    return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, n offset]
 
 
-def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool):
+def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool, heads: int | None = None):
     """Context (B, S, N, H) in q's dtype and the fp32 base-2 logsumexp (B, N, S).
 
     `code` from `mask_code`; `seed` from `seed_words`, or None for no dropout (the kernel then has no dropout code).
+    `heads`: the total head count of the dropout index when q holds a tensor-parallel shard of them (default N).
     """
     b, s, n, h = q.shape
+    heads = n if heads is None else heads
     t = k.shape[1]
     bq = blocks.block_q
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     kv_full = pl.BlockSpec((None, t, None, h), lambda i, b_, n_: (b_, 0, n_, 0))
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, scale=h**-0.5, block_k=blocks.block_k, heads=n, s_len=s, rate=rate),
+        functools.partial(_fwd_kernel, scale=h**-0.5, block_k=blocks.block_k, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
         in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed)],
         out_specs=[row_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
@@ -282,9 +285,11 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
     )(q, k, v, code, seed)
 
 
-def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool):
-    """(dq, dk, dv) in the dtypes of (q, k, v)."""
+def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool,
+             heads: int | None = None):
+    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` as in `forward`."""
     b, s, n, h = q.shape
+    heads = n if heads is None else heads
     t = k.shape[1]
     # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
@@ -295,7 +300,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
     key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
     dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=n, t_len=t, rate=rate),
+        functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate),
         grid=(t // bk, b, n),
         in_specs=[seq_full, key_block, key_block, pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)),
                   _seed_spec(seed), seq_full, stat_full, stat_full],
@@ -309,7 +314,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
     kv_full = pl.BlockSpec((None, t, None, h), lambda i, b_, n_: (b_, 0, n_, 0))
     dq = pl.pallas_call(
-        functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=n, s_len=s, rate=rate),
+        functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
         in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)),
                   _seed_spec(seed), row_block, stat_block, stat_block],

@@ -5,8 +5,15 @@ import jax.numpy as jnp
 from ..softmax.reference import scaled_masked_softmax
 
 
-def attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
-    """Context (B, S, N, H) from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T), True at real keys."""
-    scores = jnp.einsum("BSNH,BTNH->BNST", q, k)
-    probs = scaled_masked_softmax(scores, mask, scale=q.shape[-1] ** -0.5, seed=seed, rate=rate)
-    return jnp.einsum("BNST,BTNH->BSNH", probs, v)
+def attention(q, k, v, mask, *, seed=None, rate: float = 0.0, qkv_layout: str = "BSNH", scores_layout: str = "BNST",
+              ctx_layout: str = "BSNH"):
+    """Context (B, S, N, H) from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T), True at real keys.
+
+    The `*_layout` arguments are stored orders (see layouts/): q, k and v stored in `qkv_layout` (k and v with T
+    for S), the scores in `scores_layout`, the result in `ctx_layout`. The defaults are the shapes above.
+    """
+    kv_layout = qkv_layout.replace("S", "T")
+    scores = jnp.einsum(f"{qkv_layout},{kv_layout}->{scores_layout}", q, k)
+    h = q.shape[qkv_layout.index("H")]
+    probs = scaled_masked_softmax(scores, mask, scale=h ** -0.5, seed=seed, rate=rate, layout=scores_layout)
+    return jnp.einsum(f"{scores_layout},{kv_layout}->{ctx_layout}", probs, v)

@@ -37,11 +37,22 @@ def _op(x, bias, seed, rate, interpret, blocks):
     return _fwd(x, bias, seed, rate, interpret, blocks)[0]
 
 
+def _split_f(rate):
+    """Without dropout, F (split over `tensor` by the feed-forward weights) stays split around the kernel, which is
+    element-wise in F; with dropout the mask's element index needs the whole width, so F is gathered."""
+    return dict(head_dims=(1, 1, 0), out_head_dim=1) if rate == 0.0 else {}
+
+
+def _drop_offset(fn, rate):  # the F-split variant passes a column offset, which rate 0 does not use
+    return (lambda row_offset, _col_offset, *args: fn(row_offset, *args)) if rate == 0.0 else fn
+
+
 def _fwd(x, bias, seed, rate, interpret, blocks):
     def run(row_offset, x, bias, seed):
         return _k.forward(x, bias, pk.seed_words(seed, row_offset), rate=rate, interpret=interpret, blocks=blocks)
 
-    return pk.batch_shard_map(run, n_batched=1)(x, bias, seed), (x, bias, seed)
+    split = dict(head_dims=(1, 0), out_head_dim=1) if rate == 0.0 else {}
+    return pk.batch_shard_map(_drop_offset(run, rate), n_batched=1, **split)(x, bias, seed), (x, bias, seed)
 
 
 def _bwd(rate, interpret, blocks, res, dy):
@@ -51,7 +62,7 @@ def _bwd(rate, interpret, blocks, res, dy):
         return _k.backward(x, bias, pk.seed_words(seed, row_offset), dy, rate=rate, interpret=interpret,
                            blocks=blocks)
 
-    dx, dbias = pk.batch_shard_map(run, n_batched=2)(x, dy, bias, seed)
+    dx, dbias = pk.batch_shard_map(_drop_offset(run, rate), n_batched=2, **_split_f(rate))(x, dy, bias, seed)
     return dx, jnp.sum(dbias, axis=0).astype(bias.dtype), None
 
 
