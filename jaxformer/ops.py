@@ -24,6 +24,7 @@ import jax
 import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
 import pallas_kernels.bias_gelu as _bias_gelu
 import pallas_kernels.attention as _attention_kernels
+from pallas_kernels._pallas import current_mesh
 from pallas_kernels.attention import reference as _attention
 from pallas_kernels.embedding_layernorm import reference as _embedding_layernorm
 
@@ -40,9 +41,16 @@ TABLE = {
 
 
 def resolve(kernels: str) -> str:
-    """"auto" is "pallas" on a GPU (measured faster: benchmarks/results/kernels-h200.md) and "xla" elsewhere."""
+    """"auto" is "pallas" on a GPU (measured faster: benchmarks/results/kernels-h200.md) and "xla" elsewhere, and
+    "xla" inside a pipeline of more than one stage: there the kernels' per-shard calls under the stage `vmap` make
+    XLA all-gather activations every tick (measured 701 vs 868 seq/s, benchmarks/results/distributed-2xh200.md).
+    Called while tracing, so it sees the mesh the trainer sets."""
     if kernels == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        if jax.default_backend() != "gpu":
+            return "xla"
+        mesh = current_mesh()
+        pipelined = mesh is not None and dict(mesh.shape).get("pipeline", 1) > 1
+        return "xla" if pipelined else "pallas"
     return kernels
 
 

@@ -301,7 +301,9 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         state = ckpt.restore(start, state)
         log(f"resumed from {ckpt_dir / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
-    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={ops.resolve(cfg.kernels)}) on "
+    with jax.set_mesh(mesh):  # "auto" depends on the mesh (jaxformer/ops.py)
+        kernels = ops.resolve(cfg.kernels)
+    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={kernels}) on "
         f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
         f"lr {tc.peak_lr}, batch {tc.batch_size}")
 

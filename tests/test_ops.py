@@ -74,3 +74,15 @@ def test_select_names_missing_operator():
     assert ops.select("auto").bias_gelu is ops.select(expected).bias_gelu
     with pytest.raises(ValueError, match="kernels='cuda'"):
         ops.select("cuda")
+
+
+def test_auto_is_pallas_on_a_gpu_except_inside_a_multi_stage_pipeline(monkeypatch):
+    from jaxformer import sharding
+    assert ops.resolve("auto") == ("pallas" if jax.default_backend() == "gpu" else "xla")
+    monkeypatch.setattr(ops.jax, "default_backend", lambda: "gpu")  # the rule, as a GPU would see it
+    assert ops.resolve("auto") == "pallas" and ops.resolve("xla") == "xla"
+    with jax.set_mesh(sharding.make_mesh("data=4,pipeline=2", jax.devices()[:8])):
+        assert ops.resolve("auto") == "xla"  # measured slower there: benchmarks/results/distributed-2xh200.md
+        assert ops.resolve("pallas") == "pallas"  # an explicit choice is kept
+    with jax.set_mesh(sharding.make_mesh("data=8", jax.devices()[:8])):
+        assert ops.resolve("auto") == "pallas"
