@@ -100,20 +100,19 @@ def class_table(rep: Report) -> list[str]:
     return lines
 
 
-def profiled_report(tc, steps: int) -> tuple[Report, str]:
+def profiled_report(tc, steps: int, mesh=None) -> tuple[Report, str]:
     """The report of `tc`'s train step with measured device time per operator (`jaxformer.hlo_profile`): builds the
-    model for real (this needs the memory of a training run) and runs `steps` profiled steps on a synthetic batch."""
-    import jax
-
+    model for real (this needs the memory of a training run) and runs `steps` profiled steps on a synthetic batch.
+    With a `mesh`, the sharded step; times are per device (averaged over the devices' traces)."""
     from .hlo_profile import profile_compiled
     from .trainer import Steps, build_model, make_optimizer
 
     cfg = tc.model_config(30522)
     model = build_model(cfg, 0)
-    st = Steps(model, make_optimizer(tc), tc)
-    state = st.init_state(model, 0)
+    st = Steps(model, make_optimizer(tc), tc, mesh)
+    state = st.place(st.init_state(model, 0))
     del model
-    batch = jax.device_put(synthetic_batch(cfg.vocab_size, tc.batch_size, tc.seq_len, max(1, round(0.15 * tc.seq_len))))
+    batch = st.place_batch(synthetic_batch(cfg.vocab_size, tc.batch_size, tc.seq_len, max(1, round(0.15 * tc.seq_len))))
     compiled = st.train_step.lower(state, batch).compile()
     times = profile_compiled(compiled, (state, batch), steps, carry=lambda out, args: (out[0], args[1]),
                              log=lambda m: print(m, file=sys.stderr))
@@ -173,6 +172,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, nargs="?", const=5, default=None, metavar="STEPS",
                    help="run the train step for real, STEPS (default 5) of them under the profiler, and add each "
                         "class's measured share of runtime (use on a GPU; builds the whole model)")
+    p.add_argument("--microbatches", type=int, default=1, help="pipeline microbatches, as train.py")
+    p.add_argument("--pipeline-repeats", type=int, default=1, help="circular pipeline repeats, as train.py")
     p.add_argument("--mesh", default=None,
                    help="compile the step sharded on this device mesh, as train.py --mesh (e.g. data=2,tensor=4); on "
                         "a CPU the mesh's size of virtual CPU devices is made; default: one device, no mesh")
@@ -199,10 +200,9 @@ def main(argv=None) -> int:
                              f"--forward-only or --hlo")
         configs = [TrainConfig(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, kernels=k,
                                dtype=args.dtype, remat=args.remat, layouts=args.layouts,
+                               microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats,
                                **({"mesh": args.mesh} if args.mesh else {})) for k in kernels]
         mesh = _mesh(args.mesh, configs[0]) if args.mesh and not args.hlo else None
-        if mesh is not None and args.profile:
-            raise ValueError("--profile with --mesh is not supported: profile one device")
     except ValueError as e:  # TrainConfig's validation names the field: say the flag instead
         msg = re.sub(r"\b(seq_len|batch_size|dtype|remat|kernels|layouts)\b",
                      lambda m: "--" + m.group(1).replace("_", "-"), str(e), count=1)
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     reports = {}
     for k, tc in zip(kernels, configs):
         if args.profile:
-            reports[k], text = profiled_report(tc, args.profile)
+            reports[k], text = profiled_report(tc, args.profile, mesh)
         else:
             text = compiled_hlo(tc, args.forward_only, mesh)
         if args.dump:
