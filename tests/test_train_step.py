@@ -1,0 +1,40 @@
+"""The train step differentiates with respect to a compute-dtype copy of the encoder's stacked weights: the same
+gradients, bit for bit on one device, with the weight tensors (not the 1-D parameters) in bf16."""
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.config import BertConfig, TrainConfig
+from jaxformer.data import synthetic_batch
+from jaxformer.trainer import Steps, _forward, build_model, make_optimizer, pretraining_losses
+
+CFG = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                 max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, kernels="xla")
+TC = TrainConfig(batch_size=8, seq_len=16, steps=10, warmup_steps=1, dropout=0.0)
+
+
+def test_gradients_through_the_compute_copy_equal_the_float32_ones():
+    model = build_model(CFG, 0)
+    steps = Steps(model, make_optimizer(TC), TC)
+    params = steps.init_state(model, 0).params
+    batch = synthetic_batch(CFG.vocab_size, 8, 16, 3, seed=1)
+
+    def loss(p):
+        return pretraining_losses(_forward(steps.graphdef, steps.rest, p, batch, deterministic=True), batch)[0]
+
+    copy = steps._compute_copy(params)
+    layers = copy["encoder"]["layers"]
+    assert layers["attention"]["qkv_kernel"].dtype == jnp.bfloat16 and layers["feed_forward"]["in_kernel"].dtype == \
+        jnp.bfloat16
+    assert layers["attention"]["layer_norm"]["scale"].dtype == jnp.float32  # 1-D parameters stay float32
+    assert copy["embeddings"]["word"].dtype == jnp.float32  # outside the layer stack: untouched
+    ref = jax.jit(jax.grad(loss))(params)
+    new = jax.jit(lambda p: jax.tree.map(lambda g, q: g.astype(q.dtype), jax.grad(loss)(steps._compute_copy(p)),
+                                         p))(params)
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(new)):
+        assert a.dtype == b.dtype == jnp.float32
+        assert jnp.array_equal(a, b)
+    assert any(float(jnp.abs(a).max()) > 0 for a in jax.tree.leaves(ref))  # not trivially zero
+    # float32 compute: nothing to cast
+    f32 = Steps(build_model(CFG.replace(dtype="float32"), 0), make_optimizer(TC), TC)
+    assert f32._compute_copy(params) is params
