@@ -72,6 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=1, help="microbatches per step (pipeline schedule)")
     p.add_argument("--pipeline-repeats", type=int, default=1,
                    help="layer chunks per pipeline stage (circular pipeline schedule)")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="multi-process run: address of process 0's coordinator (default: $JAXFORMER_COORDINATOR; "
+                        "none and no SLURM step: one process); see README, Multi-host")
+    p.add_argument("--num-processes", type=int, default=None,
+                   help="multi-process run: number of processes (default: $JAXFORMER_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, default=None,
+                   help="multi-process run: this process's index, 0 .. N-1 (default: $JAXFORMER_PROCESS_ID)")
     return p.parse_args(argv)
 
 
@@ -90,11 +97,15 @@ def main(argv=None) -> int:
                          log_every=args.log_every, kernels=args.kernels, dtype=args.dtype, remat=args.remat,
                          layouts=args.layouts, profile_steps=args.profile_steps, dump_hlo=args.dump_hlo,
                          progress=not args.no_progress,
-                         mesh=args.mesh, microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats)
+                         mesh=args.mesh, microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats,
+                         coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
         summary = train(tc)
     except (ValueError, TrainingStopped) as e:  # bad input, missing checkpoint, non-finite loss, Ctrl-C
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    import jax
+    if jax.process_index() != 0:  # process 0 reports for a multi-process run
+        return 0
     print("\n== done ==")
     print(f"steps: {summary['step']}   final loss {summary['final_loss']:.4f} "
           f"(mlm {summary['final_mlm_loss']:.4f}, nsp {summary['final_nsp_loss']:.4f})")

@@ -288,6 +288,10 @@ class TrainConfig:
     mesh: str = "data=-1"  # MeshConfig.parse text; the default puts every device on data parallelism
     microbatches: int = 1  # per step, for the pipeline schedule (jaxformer.pipeline)
     pipeline_repeats: int = 1  # layer chunks per pipeline stage (circular schedule)
+    # Multi-process runs (jaxformer.distributed): None falls back to $JAXFORMER_*, then SLURM, then one process.
+    coordinator: str | None = None  # HOST:PORT of process 0's coordination service
+    num_processes: int | None = None
+    process_id: int | None = None
 
     def __post_init__(self):
         if isinstance(self.data, (list, str)):
@@ -315,6 +319,8 @@ class TrainConfig:
             a, b = self.profile_steps
             if not 0 <= a < b:
                 raise ValueError(f"profile_steps={a}:{b} must satisfy 0 <= A < B")
+        from .distributed import check_fields  # each value alone; completeness (with the env) at train start
+        check_fields(self.coordinator, self.num_processes, self.process_id)
         # Model-side values are validated by BertConfig itself (before anything is compiled).
         self.model_config(vocab_size=self.vocab_size or 30522)
 

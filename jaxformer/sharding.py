@@ -48,6 +48,10 @@ def make_mesh(mesh: MeshConfig | str, devices=None) -> jax.sharding.Mesh:
     devices = list(jax.devices() if devices is None else devices)
     cfg = (MeshConfig.parse(mesh) if isinstance(mesh, str) else mesh).resolve(len(devices))
     shape = tuple(getattr(cfg, a) for a in MESH_ORDER)
+    # Several processes: `jax.devices()` lists them process by process (CPU, and GPU where ids are sorted), so a
+    # row-major reshape gives each process neighbouring indices on the outer axes and whole inner blocks: a batch
+    # split over `data` (and `fsdp`) leaves each process one contiguous block of rows, the block it reads
+    # (`distributed.batch_block` checks it when the steps are built).
     try:  # a topology-aware device order on GPUs/TPUs; plain order on CPU
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(shape, devices)

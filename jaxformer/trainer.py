@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from . import ops, sharding
+from . import distributed, ops, sharding
 from .config import BertConfig, TrainConfig
 from .data import DataConfig, Prefetcher, PretrainingData, builtin_corpus, load_or_train_tokenizer
 from .model import BertForPreTraining
@@ -136,6 +136,7 @@ class Steps:
         self.pipeline.check(model.config.num_hidden_layers, tc.batch_size)
         if self.pipeline.is_plain:
             self.pipeline = None
+        self.batch_block = (0, 1)  # this process reads block i of k of every global batch (distributed.batch_block)
         if mesh is None:
             self.state_shardings = self.batch_sharding = None
             self.train_step = jax.jit(self._train_step, donate_argnums=0)
@@ -151,6 +152,7 @@ class Steps:
         self.state_shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated,
                                           bad_step=replicated)
         self.batch_sharding = sharding.batch_sharding(mesh)
+        self.batch_block = distributed.batch_block(self.batch_sharding, tc.batch_size)
         self.train_step = _OnMesh(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
                                           out_shardings=(self.state_shardings, replicated), donate_argnums=0), mesh)
         self.eval_step = _OnMesh(jax.jit(self._eval_step, in_shardings=(param_sh, self.batch_sharding),
@@ -158,10 +160,29 @@ class Steps:
 
     def place(self, state: TrainState) -> TrainState:
         """`state` on the mesh with the steps' shardings (unchanged without a mesh)."""
-        return state if self.mesh is None else jax.device_put(state, self.state_shardings)
+        if self.mesh is None:
+            return state
+        if jax.process_count() == 1:
+            return jax.device_put(state, self.state_shardings)
+        # Several processes: each built the same state (same seed, same program) on its own first device; every
+        # process fills its devices' shards from its host copy (device_put would compare the copies across processes).
+        host = jax.device_get(state)
+        return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                            host, self.state_shardings)
 
-    def place_batch(self, batch):
-        return jax.device_put(batch, self.batch_sharding) if self.mesh is not None else jax.device_put(batch)
+    def local_rows(self, batch):
+        """This process's rows (block `batch_block`) of a global host batch."""
+        i, k = self.batch_block
+        return batch if k == 1 else jax.tree.map(lambda x: x[i * len(x) // k:(i + 1) * len(x) // k], batch)
+
+    def place_batch(self, local_batch):
+        """A global batch array from this process's rows of it (all rows with one process): each process's devices
+        hold one aligned block of rows (checked by `distributed.batch_block`), which is `local_batch`."""
+        if self.mesh is None:
+            return jax.device_put(local_batch)
+        k = self.batch_block[1]
+        global_shapes = jax.tree.map(lambda x: (x.shape[0] * k,) + x.shape[1:], local_batch)
+        return jax.make_array_from_process_local_data(self.batch_sharding, local_batch, global_shapes)
 
     def init_state(self, model: BertForPreTraining, seed: int) -> TrainState:
         """Step 0 with `model`'s parameters, a fresh optimizer state and the dropout key of `seed`."""
@@ -262,10 +283,20 @@ def _config_diff(saved: dict, current: dict) -> list[str]:
 
 
 def train(tc: TrainConfig, log=print) -> dict[str, Any]:
-    """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled."""
+    """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled.
+
+    With several processes (jaxformer.distributed) every process calls this with the same `tc`; process 0 alone
+    logs and writes metrics, plots and the tokenizer, and orbax writes each checkpoint once."""
+    # Join the other processes first: the mesh check below already asks JAX for its (global) device count.
+    distributed.initialize(distributed.resolve(tc.coordinator, tc.num_processes, tc.process_id))
+    main = distributed.is_main()
+    if not main:
+        log = lambda *args, **kwargs: None  # noqa: E731 (process 0 speaks for the run)
     # The mesh checks first (again below with the tokenizer's vocabulary): a bad --mesh fails before any data work.
     sharding.validate(tc.mesh, tc.model_config(tc.vocab_size or 30522), tc)
     out = _resolve_out(tc)
+    if tc.out is None and not tc.resume:
+        out = Path(distributed.broadcast_text(str(out)))  # process 0's timestamp: one run directory for all
     ckpt_dir = out / "checkpoints"
     if tc.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
         raise CheckpointError(f"--resume: no checkpoint under {ckpt_dir}")
@@ -278,7 +309,15 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     vocab = tc.vocab
     if vocab is None and tc.resume and (out / "tokenizer.json").exists():
         vocab = out / "tokenizer.json"
-    tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 4096, save_dir=out)  # -> out/tokenizer.json
+    tokenizer = None
+    if main or vocab is not None:  # a given vocabulary: every process loads it, process 0 copies it to out/
+        tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 4096,
+                                            save_dir=out if main else None)  # -> out/tokenizer.json
+    if vocab is None:
+        # WordPiece training is not reproducible run to run: process 0 trains, the others load its file.
+        distributed.barrier("jaxformer-tokenizer")
+        if tokenizer is None:
+            tokenizer = load_or_train_tokenizer(out / "tokenizer.json")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     if tc.vocab is not None and tc.vocab_size is not None and vocab_size != tc.vocab_size:
         raise ValueError(f"--vocab {tc.vocab} has {vocab_size} tokens but vocab_size={tc.vocab_size} was fixed")
@@ -312,7 +351,6 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     mesh = sharding.make_mesh(mesh_cfg)
     model = build_model(cfg, tc.seed)
     steps = Steps(model, make_optimizer(tc), tc, mesh)
-    batch_sharding = steps.batch_sharding
     state = steps.place(steps.init_state(model, tc.seed))
     del model  # its arrays now live (sharded by the rules) in `state`
     if tc.resume:
@@ -325,26 +363,29 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
         f"lr {tc.peak_lr}, batch {tc.batch_size}")
 
-    eval_batches = [jax.device_put(b, batch_sharding) for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
+    # Each process assembles only its block of rows of every batch (all rows with one process), train and eval.
+    block, n_blocks = steps.batch_block
+    eval_batches = [steps.place_batch(steps.local_rows(b))
+                    for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
     baseline = data.most_frequent_token_baseline
-    on_device = (jax.device_put(b, batch_sharding) for b in data.train_batches(tc.batch_size, start))
+    on_device = (steps.place_batch(b) for b in data.train_batches(tc.batch_size, start, block, n_blocks))
     batches = Prefetcher(on_device, depth=2)
-    writer = MetricsWriter(out)
+    writer = MetricsWriter(out) if main else _NoWriter()
     stop = _StopFlag()
     summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=baseline)
     last_eval: dict[str, float] = {}
-    progress = tqdm(total=tc.steps, initial=start, disable=not tc.progress, dynamic_ncols=True, unit="step")
+    progress = tqdm(total=tc.steps, initial=start, disable=not (tc.progress and main), dynamic_ncols=True, unit="step")
     step, tick, tick_step, wait0, recent = start, time.perf_counter(), start, 0.0, {}
     mesh_context = jax.set_mesh(mesh)  # the Pallas kernels see it and run per batch shard (pallas_kernels._pallas)
     mesh_context.__enter__()
     try:
-        if tc.dump_hlo:
+        if tc.dump_hlo and main:
             hlo = steps.train_step.lower(state, eval_batches[0]).compile().as_text()
             (out / "train_step.hlo.txt").write_text(hlo)
             log(f"wrote the optimized HLO of the train step to {out / 'train_step.hlo.txt'}")
         while step < tc.steps:
             if tc.profile_steps and step == tc.profile_steps[0]:
-                jax.profiler.start_trace(str(out / "profile"))
+                jax.profiler.start_trace(str(out / ("profile" if main else f"profile_{jax.process_index()}")))
             state, metrics = steps.train_step(state, next(batches))
             step += 1
             progress.update(1)
@@ -352,7 +393,12 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
                 jax.block_until_ready(state)
                 jax.profiler.stop_trace()
                 log(f"wrote a profiler trace of steps {tc.profile_steps[0]}:{step} to {out / 'profile'}")
-            if step % tc.log_every == 0 or step == tc.steps or stop.requested:
+            stopping = stop.requested
+            if jax.process_count() > 1:
+                # A stop saves a checkpoint, which every process must join: the processes agree at log steps (a
+                # Ctrl-C reaches them at slightly different steps, or reaches only one).
+                stopping = (step % tc.log_every == 0 or step == tc.steps) and distributed.any_process(stopping)
+            if step % tc.log_every == 0 or step == tc.steps or stopping:
                 fetched = jax.device_get(metrics)  # syncs: the time below covers the device work
                 recent, bad = host_metrics(fetched), int(fetched["bad_step"])
                 if bad >= 0:
@@ -367,11 +413,12 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
             if step % tc.eval_every == 0 or step == tc.steps:
                 last_eval = evaluate(steps, state.params, eval_batches)
                 writer.write(dict(step=step, **last_eval))
-                progress.write(f"step {step}: eval mlm loss {last_eval['eval_mlm_loss']:.3f}, "
-                               f"mlm acc {last_eval['eval_mlm_acc']:.3f}, nsp acc {last_eval['eval_nsp_acc']:.3f}")
-            if step % tc.save_every == 0 or step == tc.steps or stop.requested:
+                if main:  # tqdm.write prints even with the bar disabled
+                    progress.write(f"step {step}: eval mlm loss {last_eval['eval_mlm_loss']:.3f}, "
+                                   f"mlm acc {last_eval['eval_mlm_acc']:.3f}, nsp acc {last_eval['eval_nsp_acc']:.3f}")
+            if step % tc.save_every == 0 or step == tc.steps or stopping:
                 ckpt.save(step, state, dict(meta, step=step))
-            if stop.requested:
+            if stopping:
                 raise TrainingStopped(f"interrupted: saved a checkpoint at step {step} in {ckpt_dir}; "
                                       f"continue with: python train.py --out {out} --resume")
     finally:
@@ -381,11 +428,21 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         batches.close()
         writer.close()
         ckpt.close()
-        plot = plot_losses(out / "metrics.jsonl", out / "loss.png")
+        plot = plot_losses(out / "metrics.jsonl", out / "loss.png") if main else None
     summary.update(step=step, **{f"final_{k}": v for k, v in recent.items()}, **last_eval,
                    data_wait_s=batches.wait_seconds, plot=str(plot) if plot else None,
                    checkpoint=str(ckpt_dir / str(step)))
     return summary
+
+
+class _NoWriter:
+    """The metrics writer of processes other than 0 (the metrics are the same on every process)."""
+
+    def write(self, record) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class _StopFlag:
