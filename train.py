@@ -72,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=1, help="microbatches per step (pipeline schedule)")
     p.add_argument("--pipeline-repeats", type=int, default=1,
                    help="layer chunks per pipeline stage (circular pipeline schedule)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with tensor > 1: split the residual stream's sequence axis over `tensor` between blocks "
+                        "(Megatron sequence parallelism; runs the XLA kernels)")
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-process run: address of process 0's coordinator (default: $JAXFORMER_COORDINATOR; "
                         "none and no SLURM step: one process); see README, Multi-host")
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
                          layouts=args.layouts, profile_steps=args.profile_steps, dump_hlo=args.dump_hlo,
                          progress=not args.no_progress,
                          mesh=args.mesh, microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats,
+                         sequence_parallel=args.sequence_parallel,
                          coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
         summary = train(tc)
     except (ValueError, TrainingStopped) as e:  # bad input, missing checkpoint, non-finite loss, Ctrl-C

@@ -88,7 +88,7 @@ class Embeddings(nnx.Module):
         position = self.position[:s][None]  # 1SD
         return constrain(ops.select(cfg.kernels).embedding_layernorm(
             word, position, token_type, self.layer_norm.scale[...], self.layer_norm.bias[...],
-            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype), "BSD")
+            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype), "BSD", between_blocks=True)
 
 
 class SelfAttention(nnx.Module):
@@ -107,7 +107,7 @@ class SelfAttention(nnx.Module):
         """x stored in `layouts.x` order (BSD by default); the result too."""
         cfg, dt, L = self.config, self.config.compute_dtype, self.config.layout_config
         f = ops.select(cfg.kernels)
-        x = constrain(lx.annotate(x, L.x))  # layer boundary: B split over data/fsdp, D whole
+        x = constrain(lx.annotate(x, L.x), between_blocks=True)  # layer boundary: B over data/fsdp (S: see sharding)
         qkv = constrain(layer_ops.qkv_projection(x, self.qkv_kernel[...], self.qkv_bias[...], L, dt))  # N: tensor
         rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         ctx = layer_ops.attention(f, ops.resolve(cfg.kernels) == "pallas", qkv, mask, L, seed=seeds[0],
@@ -134,7 +134,7 @@ class FeedForward(nnx.Module):
         """x stored in `layouts.x` order (BSD by default); the result too."""
         cfg, dt, L = self.config, self.config.compute_dtype, self.config.layout_config
         f = ops.select(cfg.kernels)
-        x = constrain(lx.annotate(x, L.x))  # layer boundary: B split over data/fsdp, D whole
+        x = constrain(lx.annotate(x, L.x), between_blocks=True)  # block boundary: B over data/fsdp (S: see sharding)
         h = constrain(layer_ops.ffn_intermediate(f, x, self.in_kernel[...], self.in_bias[...], L, dt))  # F: tensor
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
         return layer_ops.ffn_output(  # BSF,FD->BSD, then BDRLN

@@ -25,6 +25,8 @@ import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
 import pallas_kernels.bias_gelu as _bias_gelu
 import pallas_kernels.attention as _attention_kernels
 from pallas_kernels._pallas import current_mesh
+
+from . import sharding
 from pallas_kernels.attention import reference as _attention
 from pallas_kernels.embedding_layernorm import reference as _embedding_layernorm
 
@@ -50,7 +52,8 @@ def resolve(kernels: str) -> str:
             return "xla"
         mesh = current_mesh()
         pipelined = mesh is not None and dict(mesh.shape).get("pipeline", 1) > 1
-        return "xla" if pipelined else "pallas"
+        # Sequence parallelism splits S over `tensor`; the kernels' shard_map splits only B (and heads).
+        return "xla" if pipelined or sharding.sequence_parallel_enabled() else "pallas"
     return kernels
 
 

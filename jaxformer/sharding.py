@@ -12,6 +12,8 @@ neighbouring devices). Every axis is always present, size 1 when unused, so spec
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Any
 
@@ -40,6 +42,28 @@ PARAM_RULES: dict[str, Any] = {"L": "pipeline", "V": "tensor", "N": "tensor", "F
 ACTIVATION_RULES: dict[str, Any] = {"B": ("data", "fsdp"), "N": "tensor", "F": "tensor", "V": "tensor"}
 
 BATCH_AXES = ACTIVATION_RULES["B"]
+
+# Megatron's sequence parallelism (an option, `--sequence-parallel`): between blocks, where the residual stream
+# goes through dropout, the residual add and layernorm, its S axis is split over `tensor` as well. GSPMD then turns
+# each row-parallel projection's all-reduce into a reduce-scatter (onto the S split) and the next column-parallel
+# projection gathers S back (an all-gather): the same bytes on the wire, but the layernorm/dropout work and the
+# activations between blocks are divided by `tensor`. Only layer-boundary constraints (`between_blocks=True`) use it.
+SEQUENCE_RULES: dict[str, Any] = {**ACTIVATION_RULES, "S": "tensor"}
+_SEQUENCE_PARALLEL = contextvars.ContextVar("jaxformer_sequence_parallel", default=False)
+
+
+@contextlib.contextmanager
+def sequence_parallel(enabled: bool = True):
+    """Trace under this to split the residual stream's S over `tensor` between blocks (the trainer sets it)."""
+    token = _SEQUENCE_PARALLEL.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SEQUENCE_PARALLEL.reset(token)
+
+
+def sequence_parallel_enabled() -> bool:
+    return _SEQUENCE_PARALLEL.get()
 
 
 # ----------------------------------------------------------------------------------------------- meshes
@@ -92,6 +116,13 @@ def validate(mesh: MeshConfig | str, model: BertConfig, tc: TrainConfig, n_devic
     if tc.batch_size % split:
         raise ValueError(f"batch_size={tc.batch_size} is not divisible by data * fsdp * microbatches = "
                          f"{m.data} * {m.fsdp} * {tc.microbatches} = {split} {where}")
+    if tc.sequence_parallel:
+        if tc.seq_len % m.tensor:
+            raise ValueError(f"seq_len={tc.seq_len} is not divisible by tensor={m.tensor}, which --sequence-parallel "
+                             f"splits it over {where}")
+        if tc.kernels == "pallas":
+            raise ValueError("kernels='pallas' with sequence_parallel=True: the Pallas kernels split only the batch "
+                             "(and heads); use kernels='auto' or 'xla' (auto runs xla there)")
     # The schedule's own rules (e.g. the circular schedule needs microbatches >= stages).
     Pipeline(stages=m.pipeline, microbatches=tc.microbatches, repeats=tc.pipeline_repeats)
     return m
@@ -128,20 +159,22 @@ def _current_mesh():
     return None if mesh is None or mesh.empty else mesh
 
 
-def constrain(x, letters: str | None = None):
+def constrain(x, letters: str | None = None, *, between_blocks: bool = False):
     """`x` constrained to the sharding of its stored layout `letters` (e.g. "BSD", "CBSNH") under the current mesh
     (`jax.set_mesh`); a no-op without a mesh, or inside a `shard_map` over every axis.
 
     `x` may also be a layout-annotated tensor (`layouts.einsum.Annotated`: `.array` stored in `.layout`), which
-    carries its letters; it comes back annotated."""
+    carries its letters; it comes back annotated. `between_blocks` marks the residual stream at a block boundary,
+    which sequence parallelism (`sequence_parallel`) also splits on S."""
     if letters is None and hasattr(x, "layout") and hasattr(x, "array"):
-        return type(x)(constrain(x.array, x.layout), x.layout)
+        return type(x)(constrain(x.array, x.layout, between_blocks=between_blocks), x.layout)
     if letters is None or len(letters) != x.ndim:
         raise ValueError(f"layout {letters!r} does not name the {x.ndim} axes of an array of shape {x.shape}")
     mesh = _current_mesh()
     if mesh is None or set(getattr(mesh, "manual_axes", ()) or ()) == set(mesh.axis_names):
         return x
-    return jax.lax.with_sharding_constraint(x, logical_to_spec(letters, ACTIVATION_RULES, mesh, x.shape))
+    rules = SEQUENCE_RULES if between_blocks and _SEQUENCE_PARALLEL.get() else ACTIVATION_RULES
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(letters, rules, mesh, x.shape))
 
 
 def _variables(model_or_state):

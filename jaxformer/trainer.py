@@ -103,15 +103,15 @@ class _OnMesh:
     """A jitted step called (and lowered) with its mesh set, so `sharding.constrain` and the Pallas kernels'
     `batch_shard_map` see the mesh while tracing."""
 
-    def __init__(self, fn, mesh):
-        self.fn, self.mesh = fn, mesh
+    def __init__(self, fn, mesh, sequence_parallel: bool = False):
+        self.fn, self.mesh, self.sequence_parallel = fn, mesh, sequence_parallel
 
     def __call__(self, *args):
-        with jax.set_mesh(self.mesh):
+        with jax.set_mesh(self.mesh), sharding.sequence_parallel(self.sequence_parallel):
             return self.fn(*args)
 
     def lower(self, *args):
-        with jax.set_mesh(self.mesh):
+        with jax.set_mesh(self.mesh), sharding.sequence_parallel(self.sequence_parallel):
             return self.fn.lower(*args)
 
 
@@ -154,9 +154,10 @@ class Steps:
         self.batch_sharding = sharding.batch_sharding(mesh)
         self.batch_block = distributed.batch_block(self.batch_sharding, tc.batch_size)
         self.train_step = _OnMesh(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
-                                          out_shardings=(self.state_shardings, replicated), donate_argnums=0), mesh)
+                                          out_shardings=(self.state_shardings, replicated), donate_argnums=0), mesh,
+                                  tc.sequence_parallel)
         self.eval_step = _OnMesh(jax.jit(self._eval_step, in_shardings=(param_sh, self.batch_sharding),
-                                         out_shardings=replicated), mesh)
+                                         out_shardings=replicated), mesh, tc.sequence_parallel)
 
     def place(self, state: TrainState) -> TrainState:
         """`state` on the mesh with the steps' shardings (unchanged without a mesh)."""

@@ -86,3 +86,5 @@ def test_auto_is_pallas_on_a_gpu_except_inside_a_multi_stage_pipeline(monkeypatc
         assert ops.resolve("pallas") == "pallas"  # an explicit choice is kept
     with jax.set_mesh(sharding.make_mesh("data=8", jax.devices()[:8])):
         assert ops.resolve("auto") == "pallas"
+        with sharding.sequence_parallel():  # S split over tensor: the kernels' shard_map splits only B
+            assert ops.resolve("auto") == "xla"

@@ -115,6 +115,32 @@ def test_trainer_pipeline_mesh_matches_one_device():
                           dataclasses.replace(TC, pipeline_repeats=2), 8)
 
 
+def test_sequence_parallel_matches_one_device_and_reduce_scatters():
+    """--sequence-parallel on data=2,tensor=4: same losses and parameters as one device, and the residual stream
+    between blocks really is split on S: S is gathered again before each column-parallel projection (all-gathers
+    that the plain tensor-parallel step does not have). On the CPU XLA leaves the row-parallel reductions as
+    all-reduces (its GPU pipeline forms reduce-scatters from all-reduce + slice): not asserted here."""
+    import dataclasses
+    tc = dataclasses.replace(TC, sequence_parallel=True)
+    model, host_state = _model()
+    steps = Steps(model, make_optimizer(tc), tc, sharding.make_mesh("data=2,tensor=4"))
+    state, losses = steps.place(host_state), []
+    for b in BATCHES[:2]:
+        state, m = steps.train_step(state, steps.place_batch(b))
+        losses.append(float(m["loss"]))
+    ref_losses, ref_state = _reference()
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    _assert_state_close(state, ref_state)
+    text = steps.train_step.lower(steps.place(host_state), steps.place_batch(BATCHES[0])).compile().as_text()
+    with_sp = analyze(text).collectives()
+    without = _collectives("data=2,tensor=4")[0]
+    assert with_sp["all-gather"]["count"] >= without["all-gather"]["count"] + 2 * CFG.num_hidden_layers
+    with pytest.raises(ValueError, match="seq_len=18 is not divisible by tensor=4"):
+        sharding.validate("data=2,tensor=4", CFG, dataclasses.replace(tc, seq_len=18), 8)
+    with pytest.raises(ValueError, match="kernels='pallas' with sequence_parallel"):
+        sharding.validate("data=2,tensor=4", CFG, dataclasses.replace(tc, kernels="pallas"), 8)
+
+
 def _collectives(spec, cfg=CFG):
     rep = analyze(_compiled(spec, 8, cfg)[1].as_text())
     return rep.collectives(), [op for op in rep.ops if op.cls == "collective"]
