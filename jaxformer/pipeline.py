@@ -54,6 +54,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels._pallas import current_mesh
+
 PIPELINE_AXIS = "pipeline"
 
 
@@ -213,8 +215,8 @@ def _merge(x):
 
 def _pipeline_mesh(stages: int):
     """The current mesh if it has a `pipeline` axis of more than one device (then it must have `stages` devices)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh is None or mesh.empty or PIPELINE_AXIS not in mesh.axis_names:
+    mesh = current_mesh()
+    if mesh is None or PIPELINE_AXIS not in mesh.axis_names:
         return None
     size = mesh.shape[PIPELINE_AXIS]
     if size == 1:

@@ -22,6 +22,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from pallas_kernels._pallas import current_mesh
+
 from .config import BertConfig, MeshConfig, TrainConfig
 from .pipeline import Pipeline
 
@@ -154,11 +156,6 @@ def logical_to_spec(names, rules: dict[str, Any], mesh=None, shape=None) -> P:
     return P(*out)
 
 
-def _current_mesh():
-    mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh is None or mesh.empty else mesh
-
-
 def constrain(x, letters: str | None = None, *, between_blocks: bool = False):
     """`x` constrained to the sharding of its stored layout `letters` (e.g. "BSD", "CBSNH") under the current mesh
     (`jax.set_mesh`); a no-op without a mesh, or inside a `shard_map` over every axis.
@@ -170,7 +167,7 @@ def constrain(x, letters: str | None = None, *, between_blocks: bool = False):
         return type(x)(constrain(x.array, x.layout, between_blocks=between_blocks), x.layout)
     if letters is None or len(letters) != x.ndim:
         raise ValueError(f"layout {letters!r} does not name the {x.ndim} axes of an array of shape {x.shape}")
-    mesh = _current_mesh()
+    mesh = current_mesh()
     if mesh is None or set(getattr(mesh, "manual_axes", ()) or ()) == set(mesh.axis_names):
         return x
     rules = SEQUENCE_RULES if between_blocks and _SEQUENCE_PARALLEL.get() else ACTIVATION_RULES

@@ -7,6 +7,7 @@ parameters as a plain dict, the optimizer state, the step and the dropout key, s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import threading
@@ -99,19 +100,26 @@ def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None, 
                  deterministic=deterministic, dropout_key=dropout_key, pipeline=pipeline)
 
 
+@contextlib.contextmanager
+def _tracing(mesh, sequence_parallel: bool):
+    """What the model sees while it is traced on `mesh`: `sharding.constrain`, the Pallas kernels' `batch_shard_map`
+    and `ops.resolve("auto")` read the mesh and the sequence-parallel switch from here."""
+    with jax.set_mesh(mesh), sharding.sequence_parallel(sequence_parallel):
+        yield
+
+
 class _OnMesh:
-    """A jitted step called (and lowered) with its mesh set, so `sharding.constrain` and the Pallas kernels'
-    `batch_shard_map` see the mesh while tracing."""
+    """A jitted step called (and lowered) inside `_tracing`."""
 
     def __init__(self, fn, mesh, sequence_parallel: bool = False):
         self.fn, self.mesh, self.sequence_parallel = fn, mesh, sequence_parallel
 
     def __call__(self, *args):
-        with jax.set_mesh(self.mesh), sharding.sequence_parallel(self.sequence_parallel):
+        with _tracing(self.mesh, self.sequence_parallel):
             return self.fn(*args)
 
     def lower(self, *args):
-        with jax.set_mesh(self.mesh), sharding.sequence_parallel(self.sequence_parallel):
+        with _tracing(self.mesh, self.sequence_parallel):
             return self.fn.lower(*args)
 
 
@@ -158,6 +166,13 @@ class Steps:
                                   tc.sequence_parallel)
         self.eval_step = _OnMesh(jax.jit(self._eval_step, in_shardings=(param_sh, self.batch_sharding),
                                          out_shardings=replicated), mesh, tc.sequence_parallel)
+
+    def resolved_kernels(self, kernels: str) -> str:
+        """What `kernels` resolves to inside these steps ("auto" depends on the mesh: jaxformer/ops.py)."""
+        if self.mesh is None:
+            return ops.resolve(kernels)
+        with _tracing(self.mesh, self.tc.sequence_parallel):
+            return ops.resolve(kernels)
 
     def place(self, state: TrainState) -> TrainState:
         """`state` on the mesh with the steps' shardings (unchanged without a mesh)."""
@@ -358,9 +373,8 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
         state = ckpt.restore(start, state)
         log(f"resumed from {ckpt_dir / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
-    with jax.set_mesh(mesh):  # "auto" depends on the mesh (jaxformer/ops.py)
-        kernels = ops.resolve(cfg.kernels)
-    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, kernels={kernels}) on "
+    log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, "
+        f"kernels={steps.resolved_kernels(cfg.kernels)}) on "
         f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
         f"lr {tc.peak_lr}, batch {tc.batch_size}")
 
@@ -377,8 +391,6 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     last_eval: dict[str, float] = {}
     progress = tqdm(total=tc.steps, initial=start, disable=not (tc.progress and main), dynamic_ncols=True, unit="step")
     step, tick, tick_step, wait0, recent = start, time.perf_counter(), start, 0.0, {}
-    mesh_context = jax.set_mesh(mesh)  # the Pallas kernels see it and run per batch shard (pallas_kernels._pallas)
-    mesh_context.__enter__()
     try:
         if tc.dump_hlo and main:
             hlo = steps.train_step.lower(state, eval_batches[0]).compile().as_text()
@@ -423,7 +435,6 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
                 raise TrainingStopped(f"interrupted: saved a checkpoint at step {step} in {ckpt_dir}; "
                                       f"continue with: python train.py --out {out} --resume")
     finally:
-        mesh_context.__exit__(None, None, None)
         stop.restore()
         progress.close()
         batches.close()

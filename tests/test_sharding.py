@@ -95,6 +95,17 @@ def test_meshes_match_one_device(spec):
     assert word.sharding.spec == P("tensor" if m.tensor > 1 else None, "fsdp" if m.fsdp > 1 else None)
 
 
+def _assert_steps_match_one_device(steps, host_state):
+    """Two train steps of `steps` (built on some mesh) give the losses and parameters of one device."""
+    state, losses = steps.place(host_state), []
+    for b in BATCHES[:2]:
+        state, m = steps.train_step(state, steps.place_batch(b))
+        losses.append(float(m["loss"]))
+    ref_losses, ref_state = _reference()
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    _assert_state_close(state, ref_state)
+
+
 def test_trainer_pipeline_mesh_matches_one_device():
     """The trainer's steps on `fsdp=2,tensor=2,pipeline=2` with 2 microbatches (the encoder runs through
     jaxformer/pipeline.py: Steps builds the schedule from the mesh and the flags) equal one device."""
@@ -103,13 +114,7 @@ def test_trainer_pipeline_mesh_matches_one_device():
     model, host_state = _model()
     steps = Steps(model, make_optimizer(tc), tc, sharding.make_mesh("fsdp=2,tensor=2,pipeline=2"))
     assert steps.pipeline is not None and (steps.pipeline.stages, steps.pipeline.microbatches) == (2, 2)
-    state, losses = steps.place(host_state), []
-    for b in BATCHES[:2]:
-        state, m = steps.train_step(state, steps.place_batch(b))
-        losses.append(float(m["loss"]))
-    ref_losses, ref_state = _reference()
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    _assert_state_close(state, ref_state)
+    _assert_steps_match_one_device(steps, host_state)
     with pytest.raises(ValueError, match="microbatches=1 must be >= stages=2"):
         sharding.validate("data=4,pipeline=2", CFG.replace(num_hidden_layers=4),
                           dataclasses.replace(TC, pipeline_repeats=2), 8)
@@ -124,13 +129,7 @@ def test_sequence_parallel_matches_one_device_and_reduce_scatters():
     tc = dataclasses.replace(TC, sequence_parallel=True)
     model, host_state = _model()
     steps = Steps(model, make_optimizer(tc), tc, sharding.make_mesh("data=2,tensor=4"))
-    state, losses = steps.place(host_state), []
-    for b in BATCHES[:2]:
-        state, m = steps.train_step(state, steps.place_batch(b))
-        losses.append(float(m["loss"]))
-    ref_losses, ref_state = _reference()
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    _assert_state_close(state, ref_state)
+    _assert_steps_match_one_device(steps, host_state)
     text = steps.train_step.lower(steps.place(host_state), steps.place_batch(BATCHES[0])).compile().as_text()
     with_sp = analyze(text).collectives()
     without = _collectives("data=2,tensor=4")[0]
