@@ -110,6 +110,8 @@ def main():
     ap.add_argument("--opt-level", default=None, choices=("O0", "O1", "O2", "O3"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dump-hlo", default=None, metavar="PREFIX",
+                    help="write each compiled step's HLO text to PREFIX-<kind>.txt")
     ap.add_argument("--check", action="store_true", help="small fp32 shapes: compare the two gradients and stop")
     a = ap.parse_args()
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -128,6 +130,9 @@ def main():
     for kind in ("gspmd", "deferred"):
         step = compiled_step(kind, ws, x, mesh, a.opt_level)
         text = step.as_text()
+        if a.dump_hlo:
+            with open(f"{a.dump_hlo}-{kind}.txt", "w") as f:
+                f.write(text)
         ws = step(ws, x)  # warm-up
         jax.block_until_ready(ws)
         times = []
