@@ -18,12 +18,14 @@ it (benchmarks/results/distributed-2xh200.md, session 4). Two gradient computati
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer.steps import _tracing  # the mesh and XLA's optimization level while the step compiles
@@ -46,8 +48,10 @@ def gspmd_grads(ws, x):
     return jax.grad(loss_fn)(ws, x)
 
 
-def deferred_grads(ws, x, mesh):
-    """The same gradients, each layer's all-reduce issued one backward trip late (see the module docstring)."""
+def deferred_grads(ws, x, mesh, group=False):
+    """The same gradients, each layer's all-reduce issued one backward trip late (see the module docstring).
+    `group`: tag the trip's all-reduce and its backward GEMMs with one XLA scheduling group
+    (`_scheduling_group_id`), asking the latency-hiding scheduler to run them together."""
     def local(ws, x):  # per device: x is the local batch, ws the (replicated) weights
         def fwd(h, w):
             return layer(w, h), h  # keep each layer's input: the backward recomputes the layer from it
@@ -61,9 +65,10 @@ def deferred_grads(ws, x, mesh):
         def bwd(carry, xs):
             dh, pending = carry
             w, h_in = xs
-            reduced = jax.lax.psum(pending, "data")  # the previous trip's partial sums: nothing here waits on it
-            _, vjp = jax.vjp(layer, w, h_in)
-            dw, dh = vjp(dh.astype(h_in.dtype))
+            with set_xla_metadata(_scheduling_group_id="1") if group else contextlib.nullcontext():
+                reduced = jax.lax.psum(pending, "data")  # the previous trip's partial sums: nothing waits on it
+                _, vjp = jax.vjp(layer, w, h_in)
+                dw, dh = vjp(dh.astype(h_in.dtype))
             return (dh, dw), reduced
 
         rev = lambda a: a[::-1]  # noqa: E731
@@ -88,7 +93,8 @@ def make_inputs(layers, batch, seq, dim, ff, mesh, dtype=jnp.bfloat16, seed=0):
 
 def compiled_step(kind, ws, x, mesh, level):
     """A jitted gradient step that feeds its gradients back as a tiny weight update, so iterations chain."""
-    grads = gspmd_grads if kind == "gspmd" else (lambda ws, x: deferred_grads(ws, x, mesh))
+    grads = gspmd_grads if kind == "gspmd" else (
+        lambda ws, x: deferred_grads(ws, x, mesh, group=kind == "deferred-grouped"))
 
     def step(ws, x):
         g = grads(ws, x)
@@ -112,6 +118,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dump-hlo", default=None, metavar="PREFIX",
                     help="write each compiled step's HLO text to PREFIX-<kind>.txt")
+    ap.add_argument("--kinds", default="gspmd,deferred,deferred-grouped")
     ap.add_argument("--check", action="store_true", help="small fp32 shapes: compare the two gradients and stop")
     a = ap.parse_args()
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -119,15 +126,15 @@ def main():
         ws, x = make_inputs(4, 2 * jax.device_count(), 8, 32, 64, mesh, dtype=jnp.float32)
         with jax.set_mesh(mesh):
             want = jax.jit(gspmd_grads)(ws, x)
-            got = jax.jit(lambda ws, x: deferred_grads(ws, x, mesh))(ws, x)
-        err = max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for g, w in zip(got, want))
+            got = [jax.jit(lambda ws, x, g=g: deferred_grads(ws, x, mesh, group=g))(ws, x) for g in (False, True)]
+        err = max(float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w))) for gs in got for g, w in zip(gs, want))
         print(json.dumps(dict(check="deferred vs gspmd gradients", max_rel_err=err)))
         return
     ws, x = make_inputs(a.layers, a.batch, a.seq, a.dim, a.ff, mesh)
     result = dict(device=jax.devices()[0].device_kind, devices=jax.device_count(), jax=jax.__version__,
                   opt_level=a.opt_level or "default", shapes=dict(layers=a.layers, batch=a.batch, seq=a.seq,
                                                                    dim=a.dim, ff=a.ff))
-    for kind in ("gspmd", "deferred"):
+    for kind in a.kinds.split(","):
         step = compiled_step(kind, ws, x, mesh, a.opt_level)
         text = step.as_text()
         if a.dump_hlo:
