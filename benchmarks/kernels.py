@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/kernels.py                    # every operator, BERT-base/large shapes
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune # also try the block-size candidates
     PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls xla,pallas,mgpu  # Triton vs Mosaic GPU
+    PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss     # MLM cross-entropy: logits vs vocabulary chunks
 
 Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
 dead code, and an `optimization_barrier` between them keeps XLA from fusing one iteration into the next), for
@@ -148,6 +149,24 @@ def cases(ops, dtype, scale=1):
                                 implementation=impl))
                 out.append(("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
                             12 * size, None))
+    if "mlm_loss" in ops:
+        # The MLM head's tied decoder + cross-entropy at BERT-large's masked rows per step (B64 x P20 at S=128,
+        # B16 x P80 at S=512: 1280) and 4x that; V = 30522, D = 1024. The output is folded into h's shape
+        # (h + 0 * nll) so that iterations chain; that add is 2.6 MB of the hundreds of MB of logits moved.
+        from pallas_kernels import mlm_loss
+        v, d = 30522, 1024
+        for rows in (1280 // scale, 5120 // scale):
+            h = jax.random.normal(key[0], (rows, d), dtype)
+            emb = 0.02 * jax.random.normal(key[1], (v, d))
+            out_bias = 0.02 * jax.random.normal(key[2], (v,))
+            labels = jax.random.randint(key[3], (rows,), 0, v)
+
+            def chained(f):
+                return lambda h, e, b, lab: h + 0 * f(h, e, b, lab)[0][:, None].astype(h.dtype)
+            impls = {"xla": chained(mlm_loss.mlm_cross_entropy)}
+            for c in (4096, 8192, 16384):
+                impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
+            out.append(("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3, None, None, None))
     if "layer" in ops:
         from flax import nnx
 
@@ -249,7 +268,7 @@ def main():
                 for blk in candidates:
                     fn = (lambda *x, blk=blk, fn0=fn0: fn0(*x, blocks=blk)) if blk else fn0
                     try:
-                        if impl.startswith("pallas") or impl == "mgpu":
+                        if impl.startswith(("pallas", "chunked")) or impl == "mgpu":
                             err = check_against(fn, impls["xla"], args, n_in, name)
                             if not err < 2e-2:
                                 raise AssertionError(f"relative error {err:.2e} against the XLA reference")
