@@ -164,7 +164,7 @@ def cases(ops, dtype, scale=1):
             def chained(f):
                 return lambda h, e, b, lab: h + 0 * f(h, e, b, lab)[0][:, None].astype(h.dtype)
             impls = {"xla": chained(mlm_loss.mlm_cross_entropy)}
-            for c in (4096, 8192, 16384):
+            for c in (4096, 8192, 16384, 32768):  # 32768 > V: one chunk
                 impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
             out.append(("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3, None, None, None))
     if "layer" in ops:

@@ -35,6 +35,7 @@ from layouts import layer as layer_ops
 from . import ops
 from .config import BertConfig
 from .sharding import constrain
+from pallas_kernels._pallas import current_mesh
 from .pipeline import Pipeline
 
 
@@ -227,17 +228,44 @@ class MLMHead(nnx.Module):
         self.layer_norm = LayerNormParams(config)
         self.output_bias = _zeros((config.padded_vocab_size,), config, "V")  # V, padded like the embeddings
 
+    def transform(self, x):
+        """x: (B, P, D) -> the decoder's input h (B, P, D): dense, bias + GELU, layernorm, in the compute dtype."""
+        cfg, dt = self.config, self.config.compute_dtype
+        f = ops.select(cfg.kernels)
+        h = f.bias_gelu(jnp.einsum("BPD,DE->BPE", x, self.kernel[...].astype(dt)), self.bias[...])
+        return f.layer_norm(h, self.layer_norm.scale[...], self.layer_norm.bias[...], eps=cfg.layer_norm_eps)
+
     def __call__(self, x, word_embeddings):
         """x: (B, P, D) hidden states; returns float32 logits (B, P, padded V), the padded columns at float32's min
         (they never win an argmax and add nothing to a logsumexp)."""
         cfg, dt = self.config, self.config.compute_dtype
-        f = ops.select(cfg.kernels)
-        h = f.bias_gelu(jnp.einsum("BPD,DE->BPE", x, self.kernel[...].astype(dt)), self.bias[...])
-        h = f.layer_norm(h, self.layer_norm.scale[...], self.layer_norm.bias[...], eps=cfg.layer_norm_eps)
-        logits = jnp.einsum("BPD,VD->BPV", h, word_embeddings.astype(dt), preferred_element_type=jnp.float32)
+        logits = jnp.einsum("BPD,VD->BPV", self.transform(x), word_embeddings.astype(dt),
+                            preferred_element_type=jnp.float32)
         logits = constrain(logits + self.output_bias[...].astype(jnp.float32), "BPV")  # V split over tensor
         real = jnp.arange(logits.shape[-1]) < cfg.vocab_size
         return jnp.where(real, logits, jnp.finfo(jnp.float32).min)
+
+    def cross_entropy(self, x, word_embeddings, labels):
+        """x: (B, P, D), labels (B, P) -> float32 nll (B, P) and int32 argmax predictions (B, P), through the
+        `mlm_cross_entropy` row of `ops.TABLE` (pallas: vocabulary chunks, no (B, P, V) logits). With the
+        vocabulary split over `tensor` it stays on the logits (`__call__`): a vocabulary-parallel cross-entropy
+        whose only communication is B*P numbers per reduction (Megatron), where chunks would gather the table."""
+        cfg = self.config
+        mesh = current_mesh()
+        if mesh is not None and dict(mesh.shape).get("tensor", 1) > 1:
+            return nll_and_predictions(self(x, word_embeddings), labels)
+        f = ops.select(cfg.kernels)
+        return f.mlm_cross_entropy(self.transform(x), word_embeddings, self.output_bias[...], labels,
+                                   vocab_size=cfg.vocab_size)
+
+
+def nll_and_predictions(logits, labels):
+    """float32 (..., V) logits and (...) labels -> nll (...) float32 and argmax predictions (...) int32. GSPMD turns
+    the logsumexp, the label pick and the argmax of V-split logits into local work plus small all-reduces."""
+    logits = logits.astype(jnp.float32)
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return logz - label_logit, jnp.argmax(logits, -1).astype(jnp.int32)
 
 
 class NSPHead(nnx.Module):
@@ -258,14 +286,17 @@ class NSPHead(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class PreTrainingOutput:
     """Outputs of `BertForPreTraining`: float32 `mlm_logits` (B, P, V) or (B, S, V), float32 `nsp_logits` (B, 2),
-    and the final hidden states (B, S, D) in the compute dtype."""
+    and the final hidden states (B, S, D) in the compute dtype. Called with `masked_labels`, the model returns the
+    MLM head's per-position float32 `mlm_nll` and int32 `mlm_predictions` (B, P) instead of the logits (None)."""
 
-    mlm_logits: jax.Array
+    mlm_logits: Optional[jax.Array]
     nsp_logits: jax.Array
     hidden_states: jax.Array
     # (B, P, padded V): what the loss uses, so the tensor-split vocabulary is never gathered (the slice to V is not
     # even over `tensor`); padded columns hold float32's min.
     padded_mlm_logits: Optional[jax.Array] = None
+    mlm_nll: Optional[jax.Array] = None
+    mlm_predictions: Optional[jax.Array] = None
 
 
 class BertForPreTraining(nnx.Module):
@@ -287,7 +318,7 @@ class BertForPreTraining(nnx.Module):
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None, masked_positions=None, *,
                  deterministic: bool = True, dropout_key: Optional[jax.Array] = None,
-                 pipeline: Optional[Pipeline] = None) -> PreTrainingOutput:
+                 pipeline: Optional[Pipeline] = None, masked_labels=None) -> PreTrainingOutput:
         """Run the model.
 
         Args:
@@ -299,6 +330,9 @@ class BertForPreTraining(nnx.Module):
           dropout_key: optional PRNG key for dropout; by default one is drawn from the model's `dropout` stream.
           pipeline: optional `Pipeline` schedule for the encoder layers (None: the plain scan); the embeddings and
             heads run outside it, replicated over the `pipeline` mesh axis.
+          masked_labels: optional (B, P) int labels at `masked_positions`: the MLM head then returns the per-position
+            cross-entropy and argmax (`mlm_nll`, `mlm_predictions`) and no logits, which with `kernels="pallas"`
+            are never materialised (`MLMHead.cross_entropy`). What the train and eval steps use.
         """
         cfg = self.config
         if input_ids.ndim != 2:
@@ -327,7 +361,14 @@ class BertForPreTraining(nnx.Module):
             selected = x
         else:
             selected = jnp.take_along_axis(x, masked_positions[..., None].astype(jnp.int32), axis=1)  # BPD
-        padded = self.mlm_head(selected, self.embeddings.word[...])
         nsp_logits = self.nsp_head(self.pooler(x))
+        if masked_labels is not None:
+            if masked_labels.shape != selected.shape[:-1]:
+                raise ValueError(f"masked_labels shape {masked_labels.shape} must be {selected.shape[:-1]} (the "
+                                 f"masked positions' shape, or (B, S) without masked_positions)")
+            nll, pred = self.mlm_head.cross_entropy(selected, self.embeddings.word[...], masked_labels)
+            return PreTrainingOutput(mlm_logits=None, nsp_logits=nsp_logits, hidden_states=x, mlm_nll=nll,
+                                     mlm_predictions=pred)
+        padded = self.mlm_head(selected, self.embeddings.word[...])
         return PreTrainingOutput(mlm_logits=padded[..., :cfg.vocab_size], nsp_logits=nsp_logits, hidden_states=x,
                                  padded_mlm_logits=padded)

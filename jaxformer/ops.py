@@ -11,6 +11,12 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 | layer_norm (the MLM head's)                       | bdrln.reference.layer_norm | bdrln kernel.py (no bias/res) |
 | bias_gelu (BAD / BDRB)                            | bias_gelu.reference        | bias_gelu kernel.py fwd + bwd |
 | attention (SM / BS, or fused flash attention)     | attention.reference        | attention kernel.py (flash)   |
+| mlm_cross_entropy (MLM decoder + softmax CE)      | mlm_loss.reference (logits)| mlm_loss chunked.py (*)       |
+
+(*) Not a Pallas kernel: a `lax.scan` over 16384-column vocabulary chunks (XLA's GEMMs) with a custom VJP that
+recomputes each chunk's logits, so the (rows, V) float32 logits never exist; measured faster than XLA on the
+materialised logits (kernels-h200.md). With the vocabulary split over `tensor` the model keeps the logits path
+(`MLMHead.cross_entropy`: a vocabulary-parallel cross-entropy).
 
 Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md. Mosaic GPU (Hopper) versions of
 BDRLN and bias+GELU exist (`pallas_kernels/*/kernel_mgpu.py`, timed as `mgpu` by benchmarks/kernels.py) but no row
@@ -31,6 +37,7 @@ from pallas_kernels._pallas import PIPELINE_AXIS, current_mesh
 from . import sharding
 from pallas_kernels.attention import reference as _attention
 from pallas_kernels.embedding_layernorm import reference as _embedding_layernorm
+from pallas_kernels import mlm_loss as _mlm_loss
 
 
 TABLE = {
@@ -41,6 +48,7 @@ TABLE = {
     "layer_norm": {"xla": _bdrln.reference.layer_norm, "pallas": _bdrln.layer_norm},
     "bias_gelu": {"xla": _bias_gelu.reference.bias_gelu, "pallas": _bias_gelu.bias_gelu},
     "attention": {"xla": _attention.attention, "pallas": _attention_kernels.sharded_flash_attention},
+    "mlm_cross_entropy": {"xla": _mlm_loss.mlm_cross_entropy, "pallas": _mlm_loss.mlm_cross_entropy_chunked},
 }
 
 

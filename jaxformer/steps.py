@@ -20,7 +20,7 @@ from flax import nnx
 
 from . import distributed, ops, sharding
 from .config import BertConfig, TrainConfig
-from .model import BertForPreTraining
+from .model import BertForPreTraining, nll_and_predictions
 from .pipeline import Pipeline
 
 
@@ -67,18 +67,19 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
 
 
 def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32)."""
-    # The padded logits (their extra columns at float32's min add nothing), split over `tensor` on V: GSPMD turns the
-    # logsumexp, the label pick and the max below into local work plus all-reduces of B*P numbers, a vocabulary-
-    # parallel cross-entropy (Megatron), and never gathers the B*P*V logits (tests/test_sharding.py checks the HLO).
-    padded = getattr(out, "padded_mlm_logits", None)
-    logits = (out.mlm_logits if padded is None else padded).astype(jnp.float32)  # BPV
+    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32).
+    `out` carries either the MLM head's per-position `mlm_nll` and `mlm_predictions` (the model called with
+    `masked_labels`, as the steps do) or its logits."""
     labels, weights = batch["masked_labels"], batch["masked_weights"]
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    if getattr(out, "mlm_nll", None) is not None:
+        nll, pred = out.mlm_nll, out.mlm_predictions
+    else:
+        # The padded logits (their extra columns at float32's min add nothing), split over `tensor` on V.
+        padded = getattr(out, "padded_mlm_logits", None)
+        nll, pred = nll_and_predictions(out.mlm_logits if padded is None else padded, labels)
     n_masked = jnp.maximum(jnp.sum(weights), 1.0)
-    mlm_loss = jnp.sum((logz - label_logit) * weights) / n_masked
-    mlm_correct = jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
+    mlm_loss = jnp.sum(nll * weights) / n_masked
+    mlm_correct = jnp.sum((pred == labels) * weights)
     nsp_logits = out.nsp_logits.astype(jnp.float32)
     nsp_loss = jnp.mean(jax.nn.logsumexp(nsp_logits, -1)
                         - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0])
@@ -92,7 +93,8 @@ def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
 def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None, pipeline=None):
     model = nnx.merge(graphdef, params, rest)
     return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
-                 deterministic=deterministic, dropout_key=dropout_key, pipeline=pipeline)
+                 deterministic=deterministic, dropout_key=dropout_key, pipeline=pipeline,
+                 masked_labels=batch["masked_labels"])
 
 
 @contextlib.contextmanager

@@ -98,6 +98,31 @@ def test_bf16_matches_reference(lead, v, d, chunk, e_dtype):
         _close(g, g_ref, 2e-2)
 
 
+@pytest.mark.parametrize("v,valid,chunk", [(128, 97, 32), (128, 97, 256), (61, 50, 7)])
+def test_vocab_size_excludes_padding_columns(v, valid, chunk):
+    """vocab_size < V (the model's padded vocabulary): padding columns are never predicted, add nothing to logz and
+    get zero gradients, even when they would win (large bias), including whole chunks of padding never read."""
+    h, e, bias, labels, w = _inputs((19,), v, 16, jnp.float32, jnp.float32, seed=4)
+    labels = labels % valid
+    bias = bias.at[valid:].set(30.0)
+    with jax.default_matmul_precision("highest"):
+        (nll, pred), grads = _run(lambda *a: mlm_cross_entropy_chunked(*a, chunk=chunk, vocab_size=valid),
+                                  h, e, bias, labels, w)
+        (nll_ref, pred_ref), grads_ref = _run(lambda *a: mlm_cross_entropy(*a, vocab_size=valid),
+                                              h, e, bias, labels, w)
+        (nll_cut, _), grads_cut = _run(mlm_cross_entropy, h, e[:valid], bias[:valid], labels, w)
+    _close(nll, nll_ref, 1e-5)
+    _close(nll, nll_cut, 1e-5)
+    assert np.all(np.asarray(pred) < valid)
+    np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
+    for g, g_ref in zip(grads, grads_ref):
+        _close(g, g_ref, 1e-5)
+    assert not np.any(np.asarray(grads[1])[valid:]) and not np.any(np.asarray(grads[2])[valid:])
+    _close(grads[1][:valid], grads_cut[1], 1e-5)
+    with pytest.raises(ValueError, match="vocab_size=0"):
+        mlm_cross_entropy_chunked(h, e, bias, labels, vocab_size=0)
+
+
 def test_overlapped_columns_counted_once():
     """A dominant logit and labels inside the last chunk's overlap: it wins the argmax, enters logz once, and its
     dE/d_bias rows are not doubled."""

@@ -53,6 +53,11 @@ def _chunk_columns(i, c: int, v: int):
     return start, cols, cols >= i * c
 
 
+def _num_chunks(c: int, valid: int) -> int:
+    """Chunks that hold a real column: columns at and past `valid` (vocabulary padding) are never read."""
+    return -(-valid // c)
+
+
 def _chunk_logits(h, embedding, output_bias, start, c: int):
     """float32 (N, C) logits of the chunk at `start`: dot in h's dtype with float32 accumulation, bias in float32."""
     e = lax.dynamic_slice_in_dim(embedding, start, c).astype(h.dtype)  # CD
@@ -60,7 +65,7 @@ def _chunk_logits(h, embedding, output_bias, start, c: int):
     return jnp.einsum("ND,CD->NC", h, e, preferred_element_type=jnp.float32) + b, e
 
 
-def _forward(h, embedding, output_bias, labels, c: int):
+def _forward(h, embedding, output_bias, labels, c: int, valid: int):
     """h (N, D), labels (N,) int32 -> nll (N,) float32, predictions (N,) int32, logz (N,) float32."""
     n, v = h.shape[0], embedding.shape[0]
 
@@ -68,7 +73,8 @@ def _forward(h, embedding, output_bias, labels, c: int):
         m, s, label_logit, pred = carry
         start, cols, owned = _chunk_columns(i, c, v)
         logits, _ = _chunk_logits(h, embedding, output_bias, start, c)
-        logits = jnp.where(owned, logits, -jnp.inf)  # NC; columns of the previous chunk never win, add 0
+        # NC; columns of the previous chunk and padding columns never win and add 0
+        logits = jnp.where(owned & (cols < valid), logits, -jnp.inf)
         chunk_max = jnp.max(logits, axis=-1)
         new_m = jnp.maximum(m, chunk_max)
         s = s * jnp.exp(m - new_m) + jnp.sum(jnp.exp(logits - new_m[:, None]), axis=-1)
@@ -80,24 +86,24 @@ def _forward(h, embedding, output_bias, labels, c: int):
 
     init = (jnp.full((n,), -jnp.inf, jnp.float32), jnp.zeros((n,), jnp.float32),
             jnp.zeros((n,), jnp.float32), jnp.zeros((n,), jnp.int32))
-    (m, s, label_logit, pred), _ = lax.scan(body, init, jnp.arange(-(-v // c), dtype=jnp.int32))
+    (m, s, label_logit, pred), _ = lax.scan(body, init, jnp.arange(_num_chunks(c, valid), dtype=jnp.int32))
     logz = m + jnp.log(s)
     return logz - label_logit, pred, logz
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _mlm_ce(h, embedding, output_bias, labels, c: int):
-    nll, pred, _ = _forward(h, embedding, output_bias, labels, c)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _mlm_ce(h, embedding, output_bias, labels, c: int, valid: int):
+    nll, pred, _ = _forward(h, embedding, output_bias, labels, c, valid)
     return nll, pred
 
 
-def _mlm_ce_fwd(h, embedding, output_bias, labels, c: int):
-    nll, pred, logz = _forward(h, embedding, output_bias, labels, c)
+def _mlm_ce_fwd(h, embedding, output_bias, labels, c: int, valid: int):
+    nll, pred, logz = _forward(h, embedding, output_bias, labels, c, valid)
     # Residuals: the inputs themselves (already live) and one float32 number per row.
     return (nll, pred), (h, embedding, output_bias, labels, logz)
 
 
-def _mlm_ce_bwd(c: int, res, cts):
+def _mlm_ce_bwd(c: int, valid: int, res, cts):
     h, embedding, output_bias, labels, logz = res
     g = cts[0].astype(jnp.float32)  # N; the predictions' cotangent is float0 and ignored
     n, d = h.shape
@@ -107,7 +113,7 @@ def _mlm_ce_bwd(c: int, res, cts):
         dh, de, db = carry
         start, cols, owned = _chunk_columns(i, c, v)
         logits, e = _chunk_logits(h, embedding, output_bias, start, c)
-        p = jnp.exp(logits - logz[:, None])
+        p = jnp.where(cols < valid, jnp.exp(logits - logz[:, None]), 0.0)  # padding columns: probability 0
         # NC; float32. Overlapped columns keep their true values: their dE/d_bias rows are rewritten identically.
         d_logits = (p - (cols == labels[:, None]).astype(jnp.float32)) * g[:, None]
         dl = d_logits.astype(h.dtype)  # the GEMMs run in the compute dtype, accumulate in float32
@@ -119,14 +125,14 @@ def _mlm_ce_bwd(c: int, res, cts):
 
     init = (jnp.zeros((n, d), jnp.float32), jnp.zeros(embedding.shape, embedding.dtype),
             jnp.zeros(output_bias.shape, output_bias.dtype))
-    (dh, de, db), _ = lax.scan(body, init, jnp.arange(-(-v // c), dtype=jnp.int32))
+    (dh, de, db), _ = lax.scan(body, init, jnp.arange(_num_chunks(c, valid), dtype=jnp.int32))
     return dh.astype(h.dtype), de, db, None
 
 
 _mlm_ce.defvjp(_mlm_ce_fwd, _mlm_ce_bwd)
 
 
-def mlm_cross_entropy_chunked(h, embedding, output_bias, labels, *, chunk: int = 8192):
+def mlm_cross_entropy_chunked(h, embedding, output_bias, labels, *, chunk: int = 16384, vocab_size=None):
     """Same results as `reference.mlm_cross_entropy`, computed over `chunk`-wide slices of the vocabulary.
 
     Args:
@@ -135,14 +141,21 @@ def mlm_cross_entropy_chunked(h, embedding, output_bias, labels, *, chunk: int =
         float32 parameter can be passed directly: no full-size cast copy is made).
       output_bias: (V,) decoder bias, added in float32.
       labels: (...) int labels in [0, V) (out-of-range labels give nll = logz: they match no column).
-      chunk: vocabulary columns per step (static); clipped to V.
+      chunk: vocabulary columns per step (static); clipped to V. 16384 was the fastest of 4096/8192/16384 on an
+        H200 at BERT-large's shapes (benchmarks/results/kernels-h200.md).
+      vocab_size: columns at and past it are padding (the model pads V to a multiple of 128): never predicted, no
+        share of the softmax, zero gradient (and never read when a whole chunk is padding). Default: V.
 
     Returns:
       nll: float32 (...), differentiable w.r.t. h, embedding and output_bias (gradients in their dtypes).
       predictions: int32 (...) argmax of the logits, not differentiable.
     """
     chunk = _check(h, embedding, output_bias, labels, chunk)
+    v = embedding.shape[0]
+    valid = v if vocab_size is None else operator.index(vocab_size)
+    if not 1 <= valid <= v:
+        raise ValueError(f"vocab_size={vocab_size} must be in [1, V={v}]")
     lead, d = h.shape[:-1], h.shape[-1]
-    c = min(chunk, embedding.shape[0])
-    nll, pred = _mlm_ce(h.reshape(-1, d), embedding, output_bias, labels.reshape(-1).astype(jnp.int32), c)
+    c = min(chunk, v)
+    nll, pred = _mlm_ce(h.reshape(-1, d), embedding, output_bias, labels.reshape(-1).astype(jnp.int32), c, valid)
     return nll.reshape(lead), pred.reshape(lead)

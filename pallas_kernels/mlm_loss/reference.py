@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 
-def mlm_cross_entropy(h, embedding, output_bias, labels):
+def mlm_cross_entropy(h, embedding, output_bias, labels, *, vocab_size=None):
     """Per-position softmax cross-entropy of the tied MLM decoder and its argmax prediction.
 
     Args:
@@ -12,6 +12,7 @@ def mlm_cross_entropy(h, embedding, output_bias, labels):
       embedding: (V, D) word embeddings (the tied decoder); cast to h's dtype for the dot, as in `MLMHead`.
       output_bias: (V,) decoder bias, added in float32.
       labels: (...) int labels in [0, V).
+      vocab_size: columns at and past it are padding, set to float32's min as `MLMHead` does (default: V).
 
     Returns:
       nll: float32 (...) = logsumexp(logits) - logits[label].
@@ -19,6 +20,8 @@ def mlm_cross_entropy(h, embedding, output_bias, labels):
     """
     logits = jnp.einsum("...D,VD->...V", h, embedding.astype(h.dtype), preferred_element_type=jnp.float32)
     logits = logits + output_bias.astype(jnp.float32)
+    if vocab_size is not None:
+        logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, jnp.finfo(jnp.float32).min)
     logz = jax.nn.logsumexp(logits, axis=-1)
     label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
     return logz - label_logit, jnp.argmax(logits, axis=-1).astype(jnp.int32)
