@@ -1,7 +1,8 @@
 """Bias + exact GELU (+ dropout) (Ivanov et al.'s BAD/BRD forward, BDRB backward): `dropout(gelu(x + bias))`.
 
-`bias_gelu` here is the fused Pallas version (custom VJP, kernels in `kernel.py`, or the Mosaic GPU ones in
-`kernel_mgpu.py` with `backend="mgpu"`); `reference.py` is the ground truth.
+`bias_gelu` here is the fused Pallas version (custom VJP; Triton kernels in `kernel.py`, Mosaic GPU ones in
+`kernel_mgpu.py`, by default the Mosaic GPU ones on Hopper-or-newer GPUs where the shape allows);
+`reference.py` is the ground truth.
 """
 
 from __future__ import annotations
@@ -15,20 +16,60 @@ from .. import _pallas as pk
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
+from .._mgpu import check_rows
 
-# The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, or Mosaic GPU (Hopper; measured
-# slower so far, benchmarks/results/kernels-h200.md).
-BACKENDS = {"triton": _k, "mgpu": _k_mgpu}
+
+
+class _PerShape:
+    """`backend="auto"`: the Mosaic GPU kernels on Hopper or newer wherever they take the shard's shape (measured
+    faster than Triton for every BERT shape on an H200: fwd+bwd 102 vs 117 us at 8192x3072, 128 vs 138 at
+    8192x4096, 404 vs 506 at 32768x4096, benchmarks/results/kernels-h200.md), else Triton. Chosen per call from
+    the per-shard shape, each with its own default blocks."""
+
+    @staticmethod
+    def pick(x):
+        if _k_mgpu.supported():
+            rows, width = x.shape
+            b = _k_mgpu.default_blocks(rows, width)
+            try:
+                check_rows(rows, width, x.dtype, b.block_rows, "block_rows")
+                check_rows(rows, width, x.dtype, b.bwd_block_rows, "bwd_block_rows")
+                return _k_mgpu
+            except ValueError:
+                pass
+        return _k
+
+    @staticmethod
+    def default_blocks(rows, width):
+        return None
+
+    @classmethod
+    def forward(cls, x, bias, seed_words, *, rate, interpret, blocks):
+        k = cls.pick(x)
+        return k.forward(x, bias, seed_words, rate=rate, interpret=interpret, blocks=k.default_blocks(*x.shape))
+
+    @classmethod
+    def backward(cls, x, bias, seed_words, dy, *, rate, interpret, blocks):
+        k = cls.pick(x)
+        return k.backward(x, bias, seed_words, dy, rate=rate, interpret=interpret, blocks=k.default_blocks(*x.shape))
+
+
+# The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, Mosaic GPU (Hopper), or the
+# per-shape choice between them.
+BACKENDS = {"auto": _PerShape, "triton": _k, "mgpu": _k_mgpu}
 
 __all__ = ["bias_gelu", "reference"]
 
 
 def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None = None, blocks=None,
-              backend: str = "triton"):
-    """Fused `dropout(gelu(x + bias))` over (..., F) with bias (F,); float32 math, result in x's dtype. `blocks` is
-    the chosen backend's `Blocks` (default: its `default_blocks`)."""
+              backend: str = "auto"):
+    """Fused `dropout(gelu(x + bias))` over (..., F) with bias (F,); float32 math, result in x's dtype. `backend`:
+    "auto" (Mosaic GPU on Hopper+ where the shape allows, else Triton), "triton" or "mgpu". `blocks` is the chosen
+    backend's `Blocks` (default: its `default_blocks`; not with "auto")."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {tuple(BACKENDS)}")
+    if backend == "auto" and blocks is not None:
+        raise ValueError("blocks are per backend: name backend='triton' or 'mgpu' with them")
     kernels = BACKENDS[backend]
     f = x.shape[-1]
     if bias.shape != (f,):
