@@ -216,7 +216,12 @@ def check_against(fn, ref, args, n_in, pass_):
         if pass_ == "fwd":
             return [f(*args)]
         y, vjp = jax.vjp(f, *args)
-        return [y] + jax.tree.leaves(vjp(y)[:n_in])
+        # A random cotangent, the same for both: the output itself (what the timed loop feeds back) would make the
+        # gradient through a final layernorm vanish in exact arithmetic (d/dx |LN(x)|^2 / 2 = 0 at unit scale and
+        # zero shift), leaving both sides rounding noise: the encoder layer "failed" at 0.89 that way.
+        ct = jax.tree.map(lambda a: jax.random.normal(jax.random.key(7), a.shape, a.dtype)
+                          if jnp.issubdtype(a.dtype, jnp.floating) else a, y)
+        return [y] + jax.tree.leaves(vjp(ct)[:n_in])
     errs = []
     for a, b in zip(outs(fn), outs(ref)):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
