@@ -4,14 +4,14 @@ The model never imports a kernel directly: it asks `ops.select(config.kernels)` 
 Every operator has an `"xla"` implementation (the pure jax.numpy reference in `pallas_kernels/<op>/reference.py`,
 left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kernels, forward and backward).
 
-| operator (Ivanov et al.)                          | xla (reference, XLA fuses) | pallas                        |
-|---------------------------------------------------|----------------------------|-------------------------------|
-| embedding_layernorm (sum + LN + dropout)          | embedding_layernorm.ref    | xla (once per step; measured) |
-| bias_dropout_residual_layernorm (BDRLN / BLNRD)   | bdrln.reference            | bdrln kernel.py fwd + bwd     |
-| layer_norm (the MLM head's)                       | bdrln.reference.layer_norm | bdrln kernel.py (no bias/res) |
-| bias_gelu (BAD / BDRB)                            | bias_gelu.reference        | kernel_mgpu.py (Hopper+) or kernel.py, fwd + bwd |
-| attention (SM / BS, or fused flash attention)     | attention.reference        | attention kernel.py (flash)   |
-| mlm_cross_entropy (MLM decoder + softmax CE)      | mlm_loss.reference (logits)| mlm_loss chunked.py (*)       |
+| operator (Ivanov et al.)                        | xla (reference, XLA fuses)  | pallas                               |
+|-------------------------------------------------|-----------------------------|--------------------------------------|
+| embedding_layernorm (sum + LN + dropout)        | embedding_layernorm.ref     | xla (once per step; measured)        |
+| bias_dropout_residual_layernorm (BDRLN / BLNRD) | bdrln.reference             | bdrln kernel.py fwd + bwd            |
+| layer_norm (the MLM head's)                     | bdrln.reference.layer_norm  | bdrln kernel.py (no bias/res)        |
+| bias_gelu (BAD / BDRB)                          | bias_gelu.reference         | kernel_mgpu.py (Hopper+) / kernel.py |
+| attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash)          |
+| mlm_cross_entropy (MLM decoder + softmax CE)    | mlm_loss.reference (logits) | mlm_loss chunked.py (*)              |
 
 (*) Not a Pallas kernel: a `lax.scan` over 16384-column vocabulary chunks (XLA's GEMMs) with a custom VJP that
 recomputes each chunk's logits, so the (rows, V) float32 logits never exist; measured faster than XLA on the
@@ -33,7 +33,6 @@ import jax
 import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
 import pallas_kernels.bias_gelu as _bias_gelu
 import pallas_kernels.attention as _attention_kernels
-from pallas_kernels._pallas import PIPELINE_AXIS, current_mesh
 
 from . import sharding
 from pallas_kernels.attention import reference as _attention
@@ -55,18 +54,15 @@ TABLE = {
 
 def resolve(kernels: str) -> str:
     """"auto" is "pallas" on a GPU (measured faster: benchmarks/results/kernels-h200.md) and "xla" elsewhere, and
-    "xla" inside a pipeline of more than one stage: there the kernels' calls under the stage `vmap` made XLA
-    all-gather activations every tick (measured 701 vs 868 seq/s, benchmarks/results/distributed-2xh200.md). The
-    cause (a bare pallas_call on a pipeline-only mesh) is fixed in `batch_shard_map` since, but not re-measured on
-    GPUs, so "auto" still picks xla there.
+    "xla" with sequence parallelism (S split over `tensor`; the kernels' shard_map splits only B and heads).
+    Pipelines use the kernels since `batch_shard_map` shard_maps them on a pipeline mesh (before, XLA all-gathered
+    activations every tick): pipeline=2 m=4 measured 1548 vs 1266 seq/s with remat, 1335 vs 868 without
+    (benchmarks/results/distributed-2xh200.md, session 5).
     Called while tracing, so it sees the mesh the trainer sets."""
     if kernels == "auto":
         if jax.default_backend() != "gpu":
             return "xla"
-        mesh = current_mesh()
-        pipelined = mesh is not None and dict(mesh.shape).get(PIPELINE_AXIS, 1) > 1
-        # Sequence parallelism splits S over `tensor`; the kernels' shard_map splits only B (and heads).
-        return "xla" if pipelined or sharding.sequence_parallel_enabled() else "pallas"
+        return "xla" if sharding.sequence_parallel_enabled() else "pallas"
     return kernels
 
 
