@@ -172,3 +172,26 @@ def test_bad_input_raises(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         mlm_cross_entropy_chunked(args["h"], args["e"], args["bias"], args["labels"], chunk=args["chunk"])
+
+
+def test_chunked_under_a_data_fsdp_mesh():
+    """The train step's placement under data=2,fsdp=4 (h split on the batch over data and fsdp, the tied table split
+    on D over fsdp, as sharding.PARAM_RULES does): GSPMD partitions the chunk scan and its custom VJP to the same
+    values and gradients as one device."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    h, e, bias, labels, w = _inputs((8, 5), 300, 32, jnp.float32, jnp.float32, seed=6)
+    labels = labels % 290
+    fn = lambda *a: mlm_cross_entropy_chunked(*a, chunk=128, vocab_size=290)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        (nll_ref, pred_ref), grads_ref = _run(fn, h, e, bias, labels, w)
+        mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+        with jax.set_mesh(mesh):
+            args = (put(h, P(("data", "fsdp"))), put(e, P(None, "fsdp")), put(bias, P()),
+                    put(labels, P(("data", "fsdp"))), put(w, P(("data", "fsdp"))))
+            (nll, pred), grads = _run(fn, *args)
+    assert np.isfinite(np.asarray(nll_ref)).all()
+    _close(nll, nll_ref, 1e-5)
+    np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
+    for g, g_ref in zip(grads, grads_ref):
+        _close(g, g_ref, 1e-5)
