@@ -34,9 +34,10 @@ from layouts import layer as layer_ops
 
 from . import ops
 from .config import BertConfig
-from .sharding import constrain
-from pallas_kernels._pallas import current_mesh
+from .sharding import PARAM_RULES, constrain, logical_to_spec
 from .pipeline import Pipeline
+from pallas_kernels._pallas import current_mesh
+from pallas_kernels.mlm_loss.reference import nll_and_predictions
 
 
 def _param(value, names: str):
@@ -252,20 +253,11 @@ class MLMHead(nnx.Module):
         whose only communication is B*P numbers per reduction (Megatron), where chunks would gather the table."""
         cfg = self.config
         mesh = current_mesh()
-        if mesh is not None and dict(mesh.shape).get("tensor", 1) > 1:
+        if mesh is not None and logical_to_spec("V", PARAM_RULES, mesh, word_embeddings.shape[:1])[0] is not None:
             return nll_and_predictions(self(x, word_embeddings), labels)
         f = ops.select(cfg.kernels)
         return f.mlm_cross_entropy(self.transform(x), word_embeddings, self.output_bias[...], labels,
                                    vocab_size=cfg.vocab_size)
-
-
-def nll_and_predictions(logits, labels):
-    """float32 (..., V) logits and (...) labels -> nll (...) float32 and argmax predictions (...) int32. GSPMD turns
-    the logsumexp, the label pick and the argmax of V-split logits into local work plus small all-reduces."""
-    logits = logits.astype(jnp.float32)
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return logz - label_logit, jnp.argmax(logits, -1).astype(jnp.int32)
 
 
 class NSPHead(nnx.Module):

@@ -242,9 +242,9 @@ def test_auto_backend_picks_per_shape(monkeypatch):
     import pallas_kernels.bias_gelu as bg
     x = jnp.zeros((8192, 4096), jnp.bfloat16)
     monkeypatch.setattr(bg._k_mgpu, "supported", lambda: False)
-    assert bg._PerShape.pick(x) is bg._k
+    assert bg._PerShape.pick(x)[0] is bg._k
     monkeypatch.setattr(bg._k_mgpu, "supported", lambda: True)
-    assert bg._PerShape.pick(x) is bg._k_mgpu
-    assert bg._PerShape.pick(jnp.zeros((1000, 1000), jnp.bfloat16)) is bg._k
+    assert bg._PerShape.pick(x)[0] is bg._k_mgpu
+    assert bg._PerShape.pick(jnp.zeros((1000, 1000), jnp.bfloat16))[0] is bg._k
     with pytest.raises(ValueError, match="blocks are per backend"):
         bg.bias_gelu(x[:8, :256], jnp.zeros((256,)), blocks=bg._k.default_blocks(8, 256))

@@ -22,6 +22,14 @@ def mlm_cross_entropy(h, embedding, output_bias, labels, *, vocab_size=None):
     logits = logits + output_bias.astype(jnp.float32)
     if vocab_size is not None:
         logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, jnp.finfo(jnp.float32).min)
+    return nll_and_predictions(logits, labels)
+
+
+def nll_and_predictions(logits, labels):
+    """(..., V) logits and (...) labels -> float32 nll (...) and int32 argmax predictions (...). On logits split over
+    V (the model's tensor-parallel path) GSPMD turns the logsumexp, the label pick and the argmax into local work
+    plus all-reduces of one number per row: a vocabulary-parallel cross-entropy."""
+    logits = logits.astype(jnp.float32)
     logz = jax.nn.logsumexp(logits, axis=-1)
-    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return logz - label_logit, jnp.argmax(logits, axis=-1).astype(jnp.int32)
