@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -229,6 +230,18 @@ def check_against(fn, ref, args, n_in, pass_):
     return max(errs)
 
 
+def profile_kernels(step, args, calls, top, title):
+    """Print the device time per call of `step`'s kernels (one unchained jitted call, `calls` times, profiled)."""
+    from jaxformer.hlo_profile import profile_compiled
+    compiled = jax.jit(step).lower(args).compile()
+    times = profile_compiled(compiled, (args,), calls, log=lambda m: print("  " + m, file=sys.stderr), by="both")
+    total = sum(times.values()) / calls / 1e3
+    print(f"\n  kernels of {title}: {total:.1f} us per call on the device, summed")
+    for k, ns in sorted(times.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {ns / calls / 1e3:9.1f} us  {100 * ns / calls / 1e3 / total:5.1f}%  {k[:150]}")
+    print(flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,layer")
@@ -241,7 +254,17 @@ def main():
                     "xla always runs, as the baseline); default: all")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--scale", type=int, default=1, help="divide the batch sizes (a quick smoke run on the CPU)")
+    ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                    help="also run CALLS unchained calls of each implementation under jax.profiler and print the "
+                         "device time of its kernels per call (XLA's command buffers are switched off for this)")
+    ap.add_argument("--top", type=int, default=25, help="kernels listed per profile")
+    ap.add_argument("--xla-gemm", choices=("xla", "cublas"), default="xla",
+                    help="cublas: XLA's Triton GEMM emitter off (what the train step's xla_gemm=cublas sets per jit)")
     a = ap.parse_args()
+    if a.xla_gemm == "cublas":  # before the backend starts (the first computation, below)
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
+    if a.profile:  # inside a CUDA-graph command buffer the profiler sees one event per graph, not per kernel
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
     dtype = jnp.dtype(a.dtype)
     ROTATE_BYTES[0] //= a.scale
     bw = copy_bandwidth(a.repeats, a.scale)
@@ -277,7 +300,8 @@ def main():
                             err = check_against(fn, impls["xla"], args, n_in, name)
                             if not err < 2e-2:
                                 raise AssertionError(f"relative error {err:.2e} against the XLA reference")
-                        t = per_iteration(step_for(fn), args, a.repeats)
+                        # the layer: shorter chains (each iteration is a whole encoder layer; compiles faster)
+                        t = per_iteration(step_for(fn), args, a.repeats, lengths=(1, 4) if op == "layer" else None)
                     except Exception as e:  # a candidate that does not compile is reported and skipped
                         print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
                         continue
@@ -292,6 +316,9 @@ def main():
                 rows.append(row)
                 print(f"| {op} | {label} | {name} | {impl} | {row['us']:.1f} | {row['xla_us']:.1f} | "
                       f"{row['speedup'] or 0:.2f}x | {100 * row['bw']:.0f}% | {row['blocks']} |", flush=True)
+                if a.profile:
+                    profile_kernels(step_for(fn0 if blk is None else fn), args, a.profile, a.top,
+                                    f"{op} {label} {name} {impl}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, copy_bw=bw, rows=rows), f,

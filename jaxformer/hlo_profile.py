@@ -28,9 +28,11 @@ def module_name(hlo_text: str) -> str:
     return m.group(1)
 
 
-def op_times(xplane_path: str, module: str) -> tuple[dict[str, float], str]:
+def op_times(xplane_path: str, module: str, by: str = "hlo_op") -> tuple[dict[str, float], str]:
     """{HLO instruction name: total ns} of `module`'s device events in one XSpace file, and where they came from.
 
+    `by="kernel"` keys the times by the event (kernel) name instead, e.g. `flash_attention_dkdv` or a cuBLAS GEMM;
+    `by="both"` by "instruction: kernel".
     Several devices (one process, several GPUs): their times are averaged, so the result is per device."""
     from jax.profiler import ProfileData
 
@@ -49,7 +51,8 @@ def op_times(xplane_path: str, module: str) -> tuple[dict[str, float], str]:
                 stats = dict(e.stats)
                 mod = str(stats.get("hlo_module", ""))
                 if "hlo_op" in stats and (mod == module or mod.startswith(module + "(")):
-                    times[str(stats["hlo_op"])] += e.duration_ns
+                    key = {"hlo_op": str(stats["hlo_op"]), "kernel": e.name}.get(by, f"{stats['hlo_op']}: {e.name}")
+                    times[key] += e.duration_ns
         if times:
             per_plane.append(times)
     if not per_plane:
@@ -64,9 +67,9 @@ def op_times(xplane_path: str, module: str) -> tuple[dict[str, float], str]:
 
 
 def profile_compiled(compiled: Callable, args: tuple, steps: int, *, warmup: int = 2,
-                     carry: Callable | None = None, log=print) -> dict[str, float]:
+                     carry: Callable | None = None, log=print, by: str = "hlo_op") -> dict[str, float]:
     """Run `compiled(*args)` `warmup` + `steps` times, the last `steps` under the profiler; `carry(out, args)` gives
-    the next call's arguments (the train step donates its state). Returns `op_times` of the trace."""
+    the next call's arguments (the train step donates its state). Returns `op_times(..., by=by)` of the trace."""
     text = compiled.as_text()
     module = module_name(text)
     for _ in range(warmup):
@@ -85,7 +88,7 @@ def profile_compiled(compiled: Callable, args: tuple, steps: int, *, warmup: int
         files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
         if not files:
             raise RuntimeError(f"the profiler wrote no .xplane.pb under {d}")
-        times, source = op_times(files[0], module)
+        times, source = op_times(files[0], module, by)
     log(f"profile: {steps} steps of {module}, {wall * 1e3:.2f} ms per step on the host clock "
         f"(with tracing), times from {source}")
     return times
