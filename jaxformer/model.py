@@ -107,13 +107,13 @@ class SelfAttention(nnx.Module):
 
     def __call__(self, x, mask, *, seeds, deterministic: bool):
         """x stored in `layouts.x` order (BSD by default); the result too."""
-        cfg, dt, L = self.config, self.config.compute_dtype, self.config.layout_config
-        f = ops.select(cfg.kernels)
+        cfg, dt = self.config, self.config.compute_dtype
+        f, pallas = ops.select(cfg.kernels), ops.resolve(cfg.kernels) == "pallas"
+        L = layer_ops.for_kernels(cfg.layout_config, pallas)
         x = constrain(lx.annotate(x, L.x), between_blocks=True)  # layer boundary: B over data/fsdp (S: see sharding)
         qkv = constrain(layer_ops.qkv_projection(x, self.qkv_kernel[...], self.qkv_bias[...], L, dt))  # N: tensor
         rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-        ctx = layer_ops.attention(f, ops.resolve(cfg.kernels) == "pallas", qkv, mask, L, seed=seeds[0],
-                                  rate=rate)  # BSNH
+        ctx = layer_ops.attention(f, pallas, qkv, mask, L, seed=seeds[0], rate=rate)  # BSNH
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
         return layer_ops.attention_output(  # BSNH,NHD->BSD, then BDRLN
             f, ctx, self.out_kernel[...], self.out_bias[...], x, self.layer_norm.scale[...],

@@ -11,12 +11,16 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 | layer_norm (the MLM head's)                     | bdrln.reference.layer_norm  | bdrln kernel.py (no bias/res)        |
 | bias_gelu (BAD / BDRB)                          | bias_gelu.reference         | kernel_mgpu.py (Hopper+) / kernel.py |
 | attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash)          |
+| attention_qkv (the same on packed BSCNH q/k/v)  | attention.reference (**)    | attention kernel.py (flash, packed)  |
 | mlm_cross_entropy (MLM decoder + softmax CE)    | mlm_loss.reference (logits) | mlm_loss chunked.py (*)              |
 
 (*) Not a Pallas kernel: a `lax.scan` over 16384-column vocabulary chunks (XLA's GEMMs) with a custom VJP that
 recomputes each chunk's logits, so the (rows, V) float32 logits never exist; measured faster than XLA on the
 materialised logits (kernels-h200.md). With the vocabulary split over `tensor` the model keeps the logits path
 (`MLMHead.cross_entropy`: a vocabulary-parallel cross-entropy).
+
+(**) `attention_qkv` slices the packed (B, S, 3, N, H) projection for the reference; the Pallas kernels read it in
+place and write one packed gradient (the encoder layer's pallas path: `layouts/layer.py`).
 
 Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md. Mosaic GPU (Hopper) versions of
 BDRLN and bias+GELU exist (`pallas_kernels/*/kernel_mgpu.py`). bias+GELU's default backend ("auto") runs them on
@@ -48,6 +52,7 @@ TABLE = {
     "layer_norm": {"xla": _bdrln.reference.layer_norm, "pallas": _bdrln.layer_norm},
     "bias_gelu": {"xla": _bias_gelu.reference.bias_gelu, "pallas": _bias_gelu.bias_gelu},
     "attention": {"xla": _attention.attention, "pallas": _attention_kernels.sharded_flash_attention},
+    "attention_qkv": {"xla": _attention.attention_qkv, "pallas": _attention_kernels.sharded_flash_attention_qkv},
     "mlm_cross_entropy": {"xla": _mlm_loss.mlm_cross_entropy, "pallas": _mlm_loss.mlm_cross_entropy_chunked},
 }
 

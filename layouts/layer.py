@@ -5,23 +5,35 @@ stored as the `LayoutConfig` says, and returns its result stored as the config s
 come from `jaxformer.ops` (`f`), so `kernels="xla"` and `"pallas"` run the same code paths as the rest of the
 model. With the default `LayoutConfig` every function issues exactly the operations of the original model.
 
-Pallas kernels with a fixed layout: flash attention wants q, k, v as BSNH and writes BSNH. Under
-`kernels="pallas"` the transposes from the stored `qkv` order and to the stored `ctx` order are inserted here
-(none for the default CBSNH/BSNH) and the search counts them as graph edges (`layouts/search.py`). BDRLN and bias +
-GELU flatten rows of the last axis, so they take any stored order with D / F last, which `LayoutConfig` enforces.
+Pallas kernels with a fixed layout: flash attention reads the packed projection qkv as BSCNH (one [B*S, 3*N*H] GEMM
+output, q, k, v read in place) and writes the context BSNH. Under `kernels="pallas"` the default qkv order is that
+packed one (`for_kernels`); another configured order gets a transpose to it here, and the context one from BSNH,
+which the search counts as graph edges (`layouts/search.py`). BDRLN and bias + GELU flatten rows of the last axis,
+so they take any stored order with D / F last, which `LayoutConfig` enforces.
 """
 
 from __future__ import annotations
 
-from .config import LayoutConfig
+import dataclasses
+
+from .config import LOGICAL, LayoutConfig
 from .einsum import Annotated, annotate, einsum, expand, relayout, rename, take
 
-FLASH_QKV = "CBSNH"  # the stored qkv order whose C-slices are the BSNH q, k, v that flash attention takes
+FLASH_QKV = "BSCNH"  # the packed qkv order the flash kernels read in place (flash_attention_qkv)
 FLASH_CTX = "BSNH"
 
 
+def for_kernels(L: LayoutConfig, pallas: bool) -> LayoutConfig:
+    """The layouts the layer runs: under the Pallas kernels a default qkv order becomes the kernels' packed BSCNH
+    (the slices, concatenation and transposes around flash attention cost ~90 us per BERT-large layer at B64 S128:
+    benchmarks/results/kernels-h200.md, session 6); an explicitly chosen other order is kept."""
+    if pallas and L.qkv == LOGICAL["qkv"]:
+        return dataclasses.replace(L, qkv=FLASH_QKV)
+    return L
+
+
 def qkv_projection(x: Annotated, kernel, bias, L: LayoutConfig, dt) -> Annotated:
-    """x @ w_qkv + b_qkv (AIB: XLA fuses the bias into the GEMM epilogue), stored in `L.qkv`."""
+    """x @ w_qkv + b_qkv (AIB), stored in `L.qkv`."""
     qkv = einsum(L.qkv, x, annotate(kernel.astype(dt), "CDNH"))
     return Annotated(qkv.array + expand(bias.astype(dt), "CNH", L.qkv), L.qkv)
 
@@ -35,10 +47,9 @@ def split_qkv(qkv: Annotated):
 
 def attention(f, pallas: bool, qkv: Annotated, mask, L: LayoutConfig, *, seed, rate: float) -> Annotated:
     """The attention core, stored in `L.ctx`: XLA's unfused reference in the configured layouts, or flash attention
-    (BSNH in and out) between explicit transposes."""
+    on the packed qkv (BSCNH in, BSNH out) between explicit transposes where the layouts differ."""
     if pallas:
-        q, k, v = split_qkv(relayout(qkv, FLASH_QKV))  # BSNH, BTNH, BTNH: C-slices, no copies
-        ctx = f.attention(q.to("BSNH"), k.to("BTNH"), v.to("BTNH"), mask, seed=seed, rate=rate)
+        ctx = f.attention_qkv(relayout(qkv, FLASH_QKV).array, mask, seed=seed, rate=rate)
         return relayout(annotate(ctx, FLASH_CTX), L.ctx)
     q, k, v = split_qkv(qkv)
     ctx = f.attention(q.array, k.array, v.array, mask, seed=seed, rate=rate, qkv_layout=q.layout,

@@ -11,7 +11,9 @@ from pallas_kernels.attention import (
     attention,
     default_block_sizes,
     flash_attention,
+    flash_attention_qkv,
 )
+from pallas_kernels.attention.reference import attention_qkv
 from pallas_kernels.dropout import seed_from_key
 
 _TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -112,6 +114,64 @@ def test_shape_errors_name_the_value():
     with pytest.raises(ValueError, match="h=48"):
         flash_attention(q[..., :24].repeat(2, -1), k[..., :24].repeat(2, -1), v[..., :24].repeat(2, -1), mask)
     assert default_block_sizes(96, 32).block_q == 32  # defaults pick a power of two that divides S
+
+
+def _packed_value_and_vjp(fn, qkv, mask, g, seed, rate):
+    def run(qkv, g):
+        out, vjp = jax.vjp(lambda x: fn(x, mask, seed=seed, rate=rate), qkv)
+        return (out, *vjp(g))
+    with jax.default_matmul_precision("highest"):
+        return jax.jit(run)(qkv, g)
+
+
+def _check_packed(qkv, mask, g, *, rate, seed=1, **kw):
+    """flash_attention_qkv vs the reference on the C-slices of qkv (fp32 reference on the same inputs): the context
+    and the packed gradient, whose C = 0 part is written by the dQ kernel and C = 1, 2 by dK/dV."""
+    seed = seed_from_key(jax.random.key(seed))
+    got = _packed_value_and_vjp(lambda *a, **k: flash_attention_qkv(*a, **k, **kw), qkv, mask, g, seed, rate)
+    ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g.astype(jnp.float32), seed, rate)
+    tol = _TOL[qkv.dtype.type]
+    assert got[0].dtype == qkv.dtype and got[1].dtype == qkv.dtype and got[1].shape == qkv.shape
+    assert _rel_err(got[0], ref[0]) < tol
+    for c in range(3):
+        assert _rel_err(got[1][:, :, c], ref[1][:, :, c]) < tol, (c, _rel_err(got[1][:, :, c], ref[1][:, :, c]))
+
+
+@pytest.mark.parametrize(("dtype", "rate"), [(jnp.float32, 0.0), (jnp.float32, 0.3), (jnp.bfloat16, 0.1)])
+def test_packed_qkv_matches_reference(dtype, rate):
+    # The packed (B, S, 3, N, H) entry point the encoder layer uses: q, k, v read in place, one packed dQKV.
+    qkv = jax.random.normal(jax.random.key(8), (2, 64, 3, 2, 32), jnp.float32).astype(dtype)
+    g = jax.random.normal(jax.random.key(9), (2, 64, 2, 32), jnp.float32).astype(dtype)
+    _check_packed(qkv, _mask([64, 23], 64), g, rate=rate, block_sizes=_SMALL if rate == 0.3 else None)
+    with pytest.raises(ValueError, match=r"qkv must be \(B, S, 3, N, H\)"):
+        flash_attention_qkv(qkv[:, :, :2], _mask([64, 23], 64))
+
+
+def test_packed_qkv_under_a_mesh_equals_one_device():
+    # data=2 x fsdp=2 x tensor=2: the kernels run per batch and head shard (each shard's dropout mask is the
+    # unsharded one), the custom VJP outside the shard_maps; values and dQKV equal the unsharded call.
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    qkv = jax.random.normal(jax.random.key(13), (4, 32, 3, 4, 16), jnp.float32)
+    g = jax.random.normal(jax.random.key(15), (4, 32, 4, 16), jnp.float32)
+    mask, seed = _mask([32, 20, 7, 32], 32), seed_from_key(jax.random.key(16))
+    want = _packed_value_and_vjp(flash_attention_qkv, qkv, mask, g, seed, 0.2)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 3)
+    with jax.set_mesh(mesh):
+        put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
+        got = _packed_value_and_vjp(flash_attention_qkv, put(qkv, P(("data", "fsdp"), None, None, "tensor")),
+                                    put(mask, P(("data", "fsdp"))),
+                                    put(g, P(("data", "fsdp"), None, "tensor")), seed, 0.2)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+@pytest.mark.parametrize("s", [128, 512])
+def test_packed_compiled_matches_reference_on_gpu(s, rate):
+    qkv = jax.random.normal(jax.random.key(10), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(11), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
+    _check_packed(qkv, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, interpret=False)
 
 
 @pytest.mark.gpu

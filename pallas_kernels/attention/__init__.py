@@ -15,8 +15,8 @@ from . import kernel
 from .kernel import BlockSizes, default_block_sizes
 from .reference import attention
 
-__all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "sharded_flash_attention",
-           "unfused_attention"]
+__all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "flash_attention_qkv",
+           "sharded_flash_attention", "sharded_flash_attention_qkv", "unfused_attention"]
 
 
 def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
@@ -46,6 +46,80 @@ def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, inte
     return batch_shard_map(run, n_batched=4, head_dims=(2, 2, 2, None), out_head_dim=2)(q, k, v, mask, seed)
 
 
+def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
+                        block_sizes: BlockSizes | None = None, batch_offset=0, head_offset=0,
+                        total_heads: int | None = None):
+    """`flash_attention` of the packed projection qkv (B, S, 3, N, H) (C = q, k, v): context (B, S, N, H).
+
+    The kernels read q, k and v in place and the backward writes one packed dQKV (B, S, 3, N, H), so the fused QKV
+    projection's [B*S, 3*N*H] GEMM output and its gradient need no slices, concatenation or transposes around the
+    kernels (they cost ~90 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
+    Under a mesh with batch axes (and `tensor`, which splits N) the kernels run per shard, as `sharded_flash_attention`
+    does (the custom VJP sits outside the two `shard_map`s). Same mask, dropout and other arguments as
+    `flash_attention`.
+    """
+    if qkv.ndim != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be (B, S, 3, N, H); got {qkv.shape=}")
+    b, s, _, n, h = qkv.shape
+    q = jax.ShapeDtypeStruct((b, s, n, h), qkv.dtype)  # only shapes are checked
+    blocks, words, rate, interpret = _prepare(q, q, q, mask, seed, rate, interpret, block_sizes, 0, 0)
+    seed = None if words is None else jnp.asarray(seed, jnp.uint32)  # the words are formed per shard
+    heads = n if total_heads is None else int(total_heads)
+    offsets = jnp.stack([jnp.asarray(batch_offset, jnp.uint32), jnp.asarray(head_offset, jnp.uint32)])
+    return _flash_qkv(qkv, kernel.mask_code(mask), seed, offsets, rate, interpret, blocks, heads)
+
+
+sharded_flash_attention_qkv = flash_attention_qkv  # it shards itself (the name mirrors sharded_flash_attention)
+
+
+def _words(seed, offsets, shard_batch, shard_head):
+    return None if seed is None else seed_words(seed, offsets[0] + shard_batch, offsets[1] + shard_head)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _flash_qkv(qkv, code, seed, offsets, rate, interpret, blocks, heads):
+    return _flash_qkv_fwd(qkv, code, seed, offsets, rate, interpret, blocks, heads)[0]
+
+
+def _flash_qkv_fwd(qkv, code, seed, offsets, rate, interpret, blocks, heads):
+    def run(row, head, qkv, code, seed, offsets):
+        return kernel.forward(qkv, qkv, qkv, code, _words(seed, offsets, row, head), rate=rate, blocks=blocks,
+                              interpret=interpret, heads=heads, packed=True)
+    out, lse = batch_shard_map(run, n_batched=2, head_dims=(3, None, None, None), out_head_dim=(2, 1))(
+        qkv, code, seed, offsets)
+    return out, (qkv, code, seed, offsets, out, lse)
+
+
+def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do):
+    qkv, code, seed, offsets, out, lse = res
+
+    def run(row, head, qkv, code, out, lse, do, seed, offsets):
+        return kernel.backward(qkv, qkv, qkv, code, _words(seed, offsets, row, head), out, lse, do, rate=rate,
+                               blocks=blocks, interpret=interpret, heads=heads, packed=True)
+    dqkv = batch_shard_map(run, n_batched=5, head_dims=(3, None, 2, 1, 2, None, None), out_head_dim=3)(
+        qkv, code, out, lse, do, seed, offsets)
+    return dqkv, None, None, None
+
+
+_flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)
+
+
+def _prepare(q, k, v, mask, seed, rate, interpret, block_sizes, batch_offset, head_offset):
+    """Checked (blocks, seed words or None, rate, interpret) for the kernels, before anything compiles."""
+    rate = float(rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{rate=} must be in [0, 1)")
+    interpret = resolve_interpret(interpret)
+    if block_sizes is None:
+        block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1])
+    kernel.check_inputs(q, k, v, mask, block_sizes)
+    if seed is None or rate == 0.0:  # static: the kernels are built without any dropout code
+        return block_sizes, None, 0.0, bool(interpret)
+    if jnp.shape(seed) != (2,):
+        raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
+    return block_sizes, seed_words(seed, batch_offset, head_offset), rate, bool(interpret)
+
+
 def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
                     block_sizes: BlockSizes | None = None, batch_offset=0, head_offset=0,
                     total_heads: int | None = None):
@@ -61,21 +135,10 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
     index of q's first head among `total_heads` (static; default q's N) when the heads are split (tensor parallel).
     Differentiable in q, k, v; mask and seed get no gradient.
     """
-    rate = float(rate)
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"{rate=} must be in [0, 1)")
-    interpret = resolve_interpret(interpret)
-    if block_sizes is None:
-        block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1])
-    kernel.check_inputs(q, k, v, mask, block_sizes)
-    if seed is None or rate == 0.0:  # static: the kernels are built without any dropout code
-        seed, rate = None, 0.0
-    else:
-        if jnp.shape(seed) != (2,):
-            raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
-        seed = seed_words(seed, batch_offset, head_offset)
+    blocks, seed, rate, interpret = _prepare(q, k, v, mask, seed, rate, interpret, block_sizes, batch_offset,
+                                             head_offset)
     heads = q.shape[2] if total_heads is None else int(total_heads)
-    return _flash(q, k, v, kernel.mask_code(mask), seed, rate, bool(interpret), block_sizes, heads)
+    return _flash(q, k, v, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -98,3 +161,4 @@ def _flash_bwd(rate, interpret, blocks, heads, res, do):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+

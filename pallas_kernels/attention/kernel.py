@@ -47,9 +47,11 @@ class BlockSizes:
     block_q_dq: int = 64  # dQ kernel: query rows per program
     block_k_dq: int = 32  # dQ kernel: keys per inner-loop step
     num_warps: int = 4
-    num_stages: int = 2
-    num_warps_bwd: int = 4
-    num_stages_bwd: int = 2
+    num_stages: int = 3  # 3 measured faster than 2 for all three kernels at S=128 and 512 (kernels-h200.md)
+    num_warps_bwd: int = 4  # the dK/dV kernel (and the dQ kernel unless set below)
+    num_stages_bwd: int = 3
+    num_warps_dq: int | None = None  # None: num_warps_bwd
+    num_stages_dq: int | None = None  # None: num_stages_bwd
 
 
 def _fit(cap: int, n: int) -> int:
@@ -206,9 +208,10 @@ def _fwd_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, o_ref, lse_ref, *, scal
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
                  scale, block_q, heads, t_len, rate):
-    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref, dk_ref, dv_ref (block_k, H); code_ref (block_k,)
+    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,);
+    # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV (C = 1, 2 written here)
     block_k, h = k_ref.shape
     s_len = q_ref.shape[0]
     k_start = pl.program_id(0) * block_k
@@ -229,13 +232,22 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
     dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
-    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)  # d(q.k * scale)/dk = scale * q
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dk = dk * scale  # d(q.k * scale)/dk = scale * q
+    if len(out_refs) == 2:
+        dk_ref, dv_ref = out_refs
+        dk_ref[...] = dk.astype(dk_ref.dtype)
+        dv_ref[...] = dv.astype(dv_ref.dtype)
+    else:
+        (dqkv_ref,) = out_refs
+        dqkv_ref[:, 1, :] = dk.astype(dqkv_ref.dtype)
+        dqkv_ref[:, 2, :] = dv.astype(dqkv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *refs,
                scale, block_k, heads, s_len, rate):
-    # q_ref, do_ref, dq_ref (block_q, H); lse_ref, delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,)
+    # q_ref, do_ref, dq_ref (block_q, H); lse_ref, delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,);
+    # refs: (dq_ref,), or (the packed dQKV as an aliased input, unread; dq_ref = its C = 0 block)
+    dq_ref = refs[-1]
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
@@ -262,65 +274,97 @@ def _seed_spec(seed):
     return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, n offset]
 
 
-def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool, heads: int | None = None):
+def _qkv_spec(packed: bool, c: int, rows: int, h: int, row_block):
+    """BlockSpec of q (c=0), k (1) or v (2): (rows, H) tiles of a (B, S, N, H) array, or of the C = c slice of a
+    packed (B, S, 3, N, H) one; grid (i, b, n) and the row block index `row_block(i)`."""
+    if packed:
+        return pl.BlockSpec((None, rows, None, None, h), lambda i, b_, n_: (b_, row_block(i), c, n_, 0))
+    return pl.BlockSpec((None, rows, None, h), lambda i, b_, n_: (b_, row_block(i), n_, 0))
+
+
+def _shapes(q, k, packed: bool):
+    """(B, S, N, H, T) of unpacked q (B, S, N, H), k (B, T, N, H), or of packed qkv (B, S, 3, N, H)."""
+    if packed:
+        b, s, _, n, h = q.shape
+        return b, s, n, h, s
+    b, s, n, h = q.shape
+    return b, s, n, h, k.shape[1]
+
+
+def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool, heads: int | None = None,
+            packed: bool = False):
     """Context (B, S, N, H) in q's dtype and the fp32 base-2 logsumexp (B, N, S).
 
     `code` from `mask_code`; `seed` from `seed_words`, or None for no dropout (the kernel then has no dropout code).
     `heads`: the total head count of the dropout index when q holds a tensor-parallel shard of them (default N).
+    `packed`: q, k and v are the same (B, S, 3, N, H) array (C = q, k, v), read in place (no slices).
     """
-    b, s, n, h = q.shape
+    b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
-    t = k.shape[1]
     bq = blocks.block_q
-    row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
-    kv_full = pl.BlockSpec((None, t, None, h), lambda i, b_, n_: (b_, 0, n_, 0))
+    out_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, scale=h**-0.5, block_k=blocks.block_k, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
-        in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed)],
-        out_specs=[row_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
+        in_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), _qkv_spec(packed, 1, t, h, lambda i: 0),
+                  _qkv_spec(packed, 2, t, h, lambda i: 0), pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)),
+                  _seed_spec(seed)],
+        out_specs=[out_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
+        out_shape=[jax.ShapeDtypeStruct((b, s, n, h), q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
         compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret, name="flash_attention_fwd",
     )(q, k, v, code, seed)
 
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool,
-             heads: int | None = None):
-    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` as in `forward`."""
-    b, s, n, h = q.shape
+             heads: int | None = None, packed: bool = False):
+    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` as in `forward`. `packed` (q, k, v one (B, S, 3, N, H)
+    array): the packed dQKV (B, S, 3, N, H), written in place by both kernels (no concatenation)."""
+    b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
-    t = k.shape[1]
     # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-    params = compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd)
 
     bk = blocks.block_k_dkv
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
     stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
-    key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
-    dk, dv = pl.pallas_call(
+    if packed:  # one (block_k, 3, H) block of dQKV; the kernel writes its C = 1, 2 rows, the dQ kernel C = 0
+        dkdv_specs = [pl.BlockSpec((None, bk, 3, None, h), lambda j, b_, n_: (b_, j, 0, n_, 0))]
+        dkdv_shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    else:
+        key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
+        dkdv_specs = [key_block, key_block]
+        dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate),
         grid=(t // bk, b, n),
-        in_specs=[seq_full, key_block, key_block, pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)),
+        in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
+                  _qkv_spec(packed, 2, bk, h, lambda j: j), pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)),
                   _seed_spec(seed), seq_full, stat_full, stat_full],
-        out_specs=[key_block, key_block],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=params, interpret=interpret, name="flash_attention_dkdv",
+        out_specs=dkdv_specs, out_shape=dkdv_shapes,
+        compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
+        interpret=interpret, name="flash_attention_dkdv",
     )(q, k, v, code, seed, do, lse, delta)
 
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
-    kv_full = pl.BlockSpec((None, t, None, h), lambda i, b_, n_: (b_, 0, n_, 0))
+    dq_spec = _qkv_spec(packed, 0, bq, h, lambda i: i)
+    extra = dkdv if packed else []  # packed: the dK/dV kernel's buffer, aliased to the output (C = 0 written here)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
-        in_specs=[row_block, kv_full, kv_full, pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)),
-                  _seed_spec(seed), row_block, stat_block, stat_block],
-        out_specs=row_block,
+        in_specs=[dq_spec, _qkv_spec(packed, 1, t, h, lambda i: 0), _qkv_spec(packed, 2, t, h, lambda i: 0),
+                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed), row_block, stat_block,
+                  stat_block] + ([dq_spec] if packed else []),
+        out_specs=dq_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=params, interpret=interpret, name="flash_attention_dq",
-    )(q, k, v, code, seed, do, lse, delta)
+        input_output_aliases={(8 if seed is not None else 7): 0} if packed else {},  # flat index: a None seed drops
+        compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
+                                        blocks.num_stages_dq or blocks.num_stages_bwd),
+        interpret=interpret, name="flash_attention_dq",
+    )(q, k, v, code, seed, do, lse, delta, *extra)
+    if packed:
+        return dq
+    dk, dv = dkdv
     return dq, dk, dv
-

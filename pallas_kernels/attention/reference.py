@@ -17,3 +17,8 @@ def attention(q, k, v, mask, *, seed=None, rate: float = 0.0, qkv_layout: str = 
     h = q.shape[qkv_layout.index("H")]
     probs = scaled_masked_softmax(scores, mask, scale=h ** -0.5, seed=seed, rate=rate, layout=scores_layout)
     return jnp.einsum(f"{scores_layout},{kv_layout}->{ctx_layout}", probs, v)
+
+
+def attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0):
+    """`attention` of the packed projection qkv (B, S, 3, N, H) (C = q, k, v): context (B, S, N, H)."""
+    return attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask, seed=seed, rate=rate)
