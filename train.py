@@ -78,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--xla-opt-level", choices=("auto", "default", "O0", "O1", "O2", "O3"), default="auto",
                    help="XLA's optimization level for the train step; auto: O2 with data or fsdp > 1 (measured "
                         "faster there), JAX's default otherwise")
+    p.add_argument("--xla-gemm", choices=("auto", "xla", "cublas"), default="auto",
+                   help="who runs the GEMMs on a GPU: xla (XLA's choice per GEMM, Triton or cuBLAS), cublas (XLA's "
+                        "Triton GEMMs off; measured 5-7%% slower per step); auto: xla")
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-process run: address of process 0's coordinator (default: $JAXFORMER_COORDINATOR; "
                         "none and no SLURM step: one process); see README, Multi-host")
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
                          progress=not args.no_progress,
                          mesh=args.mesh, microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats,
                          sequence_parallel=args.sequence_parallel,
-                         xla_opt_level=args.xla_opt_level,
+                         xla_opt_level=args.xla_opt_level, xla_gemm=args.xla_gemm,
                          coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
         summary = train(tc)
     except (ValueError, TrainingStopped) as e:  # bad input, missing checkpoint, non-finite loss, Ctrl-C

@@ -18,7 +18,7 @@ import time
 import jax
 
 from jaxformer import sharding
-from jaxformer.config import XLA_OPT_LEVELS, TrainConfig
+from jaxformer.config import XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
 from jaxformer.data import synthetic_batch
 from jaxformer.hlo_analysis import analyze
 from jaxformer.steps import Steps, build_model, make_optimizer
@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--pipeline-repeats", type=int, default=1)
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--xla-opt-level", default="auto", choices=XLA_OPT_LEVELS)
+    ap.add_argument("--xla-gemm", default="auto", choices=XLA_GEMMS)
     ap.add_argument("--dump-hlo", default=None, metavar="FILE", help="write the compiled train step's HLO text here")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -57,7 +58,7 @@ def main():
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
                      dropout=a.dropout, remat=a.remat, steps=1000, warmup_steps=10, mesh=a.mesh or "data=-1",
                      microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
-                     sequence_parallel=a.sequence_parallel, xla_opt_level=a.xla_opt_level)
+                     sequence_parallel=a.sequence_parallel, xla_opt_level=a.xla_opt_level, xla_gemm=a.xla_gemm)
     cfg = tc.model_config(30522)
     mesh = sharding.make_mesh(sharding.validate(tc.mesh, cfg, tc)) if a.mesh else None
     model = build_model(cfg, 0)
@@ -93,7 +94,8 @@ def main():
                   batch_size=a.batch_size, kernels=a.kernels, mesh=sharding.describe(mesh) if mesh else "1 device",
                   devices=mesh.size if mesh else 1, microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
                   dropout=cfg.hidden_dropout_prob, remat=a.remat, sequence_parallel=a.sequence_parallel,
-                  opt_level=steps.optimization_level(), collectives=collectives,
+                  opt_level=steps.optimization_level(), compiler_options=steps.compiler_options(),
+                  collectives=collectives,
                   ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,
                   spread_ms=[round(x * 1e3, 2) for x in times], loss=float(m["loss"]),
                   peak_memory_gib=max(peaks), peak_memory_gib_per_device=[round(x, 2) for x in peaks])

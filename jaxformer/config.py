@@ -249,6 +249,7 @@ SCHEDULES = ("linear", "polynomial")
 
 
 XLA_OPT_LEVELS = ("auto", "default", "O0", "O1", "O2", "O3")
+XLA_GEMMS = ("auto", "xla", "cublas")  # TrainConfig.xla_gemm (steps.Steps.compiler_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +294,7 @@ class TrainConfig:
     pipeline_repeats: int = 1  # layer chunks per pipeline stage (circular schedule)
     sequence_parallel: bool = False  # split the residual stream's S over `tensor` between blocks (jaxformer.sharding)
     xla_opt_level: str = "auto"  # XLA's optimization level for the train step (steps.Steps.optimization_level)
+    xla_gemm: str = "auto"  # GEMMs on a GPU: XLA's choice or cuBLAS only (steps.Steps.compiler_options)
     # Multi-process runs (jaxformer.distributed): None falls back to $JAXFORMER_*, then SLURM, then one process.
     coordinator: str | None = None  # HOST:PORT of process 0's coordination service
     num_processes: int | None = None
@@ -305,6 +307,8 @@ class TrainConfig:
                                       "eval_batches", "microbatches", "pipeline_repeats"))
         if self.xla_opt_level not in XLA_OPT_LEVELS:
             raise ValueError(f"xla_opt_level={self.xla_opt_level!r} must be one of {XLA_OPT_LEVELS}")
+        if self.xla_gemm not in XLA_GEMMS:
+            raise ValueError(f"xla_gemm={self.xla_gemm!r} must be one of {XLA_GEMMS}")
         MeshConfig.parse(self.mesh)  # syntax only: sizes against devices and model are `sharding.validate`'s job
         if self.seq_len < 8:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")

@@ -25,6 +25,11 @@ from pallas_kernels.mlm_loss.reference import nll_and_predictions
 from .pipeline import Pipeline
 
 
+# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options): XLA's own choice, measured faster for the train step
+# than cuBLAS only (BERT-large, kernels=auto, H200: 1310 vs 1239 seq/s at S=128, 294 vs 274 at S=512).
+AUTO_XLA_GEMM = "xla"
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TrainState:
@@ -154,11 +159,12 @@ class Steps:
         if self.pipeline.is_plain:
             self.pipeline = None
         self.batch_block = (0, 1)  # this process reads block i of k of every global batch (distributed.batch_block)
+        options = self.compiler_options()
         if mesh is None:
             self.state_shardings = self.batch_sharding = None
-            self.train_step = _Traced(jax.jit(self._train_step, donate_argnums=0), None, False,
-                                      self.optimization_level())
-            self.eval_step = jax.jit(self._eval_step)
+            self.train_step = _Traced(jax.jit(self._train_step, donate_argnums=0, compiler_options=options), None,
+                                      False, self.optimization_level())
+            self.eval_step = jax.jit(self._eval_step, compiler_options=options)
             return
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         param_sh = sharding.param_shardings(params, mesh)
@@ -172,10 +178,12 @@ class Steps:
         self.batch_sharding = sharding.batch_sharding(mesh)
         self.batch_block = distributed.batch_block(self.batch_sharding, tc.batch_size)
         self.train_step = _Traced(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
-                                          out_shardings=(self.state_shardings, replicated), donate_argnums=0), mesh,
+                                          out_shardings=(self.state_shardings, replicated), donate_argnums=0,
+                                          compiler_options=options), mesh,
                                   tc.sequence_parallel, self.optimization_level())
         self.eval_step = _Traced(jax.jit(self._eval_step, in_shardings=(param_sh, self.batch_sharding),
-                                         out_shardings=replicated), mesh, tc.sequence_parallel)
+                                         out_shardings=replicated, compiler_options=options), mesh,
+                                 tc.sequence_parallel)
 
     def optimization_level(self) -> str | None:
         """XLA's optimization level for the train step ("O0".."O3"; None: JAX's default), from `xla_opt_level`:
@@ -186,6 +194,18 @@ class Steps:
             return None if level == "default" else level
         batch_parallel = self.mesh is not None and any(self.mesh.shape.get(a, 1) > 1 for a in ("data", "fsdp"))
         return BATCH_PARALLEL_OPT_LEVEL if batch_parallel and self.pipeline is None else None
+
+    def compiler_options(self) -> dict | None:
+        """XLA options of both steps, from `xla_gemm`: "cublas" turns XLA's Triton GEMM emitter off
+        (`xla_gpu_enable_triton_gemm=false`), so every GEMM is a cuBLAS call; "xla" leaves XLA's per-GEMM choice
+        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` ("xla": cuBLAS only measured 5-7% slower per train
+        step, benchmarks/results/kernels-h200.md, session 6). Nothing is set off the GPU."""
+        choice = self.tc.xla_gemm
+        if choice == "auto":
+            choice = AUTO_XLA_GEMM
+        if choice == "cublas" and jax.default_backend() == "gpu":
+            return {"xla_gpu_enable_triton_gemm": False}
+        return None
 
     def resolved_kernels(self, kernels: str) -> str:
         """What `kernels` resolves to inside these steps ("auto" depends on the mesh: jaxformer/ops.py)."""

@@ -53,3 +53,20 @@ def test_train_config_xla_opt_level_names_field_and_value():
     assert TrainConfig(xla_opt_level="O3").xla_opt_level == "O3"
     with pytest.raises(ValueError, match="xla_opt_level='O4'"):
         TrainConfig(xla_opt_level="O4")
+
+
+def test_train_config_xla_gemm_and_its_compiler_options(monkeypatch):
+    from jaxformer import steps as steps_mod
+    from jaxformer.config import TrainConfig
+    with pytest.raises(ValueError, match="xla_gemm='triton'"):
+        TrainConfig(xla_gemm="triton")
+
+    class Fake:  # just what Steps.compiler_options reads
+        def __init__(self, gemm):
+            self.tc = TrainConfig(xla_gemm=gemm)
+    options = lambda gemm: steps_mod.Steps.compiler_options(Fake(gemm))  # noqa: E731
+    assert options("auto") is None and options("cublas") is None  # off the GPU nothing is set
+    monkeypatch.setattr(steps_mod.jax, "default_backend", lambda: "gpu")
+    assert options("cublas") == {"xla_gpu_enable_triton_gemm": False}
+    assert options("xla") is None
+    assert options("auto") == options(steps_mod.AUTO_XLA_GEMM)
