@@ -52,7 +52,7 @@ TABLE = {
     "layer_norm": {"xla": _bdrln.reference.layer_norm, "pallas": _bdrln.layer_norm},
     "bias_gelu": {"xla": _bias_gelu.reference.bias_gelu, "pallas": _bias_gelu.bias_gelu},
     "attention": {"xla": _attention.attention, "pallas": _attention_kernels.sharded_flash_attention},
-    "attention_qkv": {"xla": _attention.attention_qkv, "pallas": _attention_kernels.sharded_flash_attention_qkv},
+    "attention_qkv": {"xla": _attention.attention_qkv, "pallas": _attention_kernels.flash_attention_qkv},
     "mlm_cross_entropy": {"xla": _mlm_loss.mlm_cross_entropy, "pallas": _mlm_loss.mlm_cross_entropy_chunked},
 }
 

@@ -24,9 +24,10 @@ FLASH_CTX = "BSNH"
 
 
 def for_kernels(L: LayoutConfig, pallas: bool) -> LayoutConfig:
-    """The layouts the layer runs: under the Pallas kernels a default qkv order becomes the kernels' packed BSCNH
-    (the slices, concatenation and transposes around flash attention cost ~90 us per BERT-large layer at B64 S128:
-    benchmarks/results/kernels-h200.md, session 6); an explicitly chosen other order is kept."""
+    """The layouts the layer runs: under the Pallas kernels qkv=CBSNH (the default) is stored as the kernels' packed
+    BSCNH (the slices, concatenation and transposes around flash attention cost 88 us per BERT-large layer at B64
+    S128: benchmarks/results/kernels-h200.md, session 6). Storing CBSNH there could only add a transpose to BSCNH
+    (same GEMM), so the search never needs it (it does not offer CBSNH under pallas). Any other order is kept."""
     if pallas and L.qkv == LOGICAL["qkv"]:
         return dataclasses.replace(L, qkv=FLASH_QKV)
     return L

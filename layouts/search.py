@@ -16,8 +16,9 @@ Operators (XLA path): qkv_proj (x -> qkv), scores (qkv -> scores), softmax (scor
 context (probs, qkv -> ctx), attn_out (ctx, x -> x1: projection + BDRLN), ffn_in (x1 -> h: projection + bias +
 GELU), ffn_out (h, x1 -> x2). x1 and x2 are stored like x (BDRLN adds the residual row by row, and x2 is the next
 layer's x). Under `--kernels pallas` the three attention operators are one flash-attention operator that reads qkv
-only as CBSNH and writes ctx only as BSNH: other qkv/ctx layouts cost transposes, which are timed and are edges of
-the graph, exactly the transposes the model then inserts (`layouts/layer.py`).
+only as the packed BSCNH (always a candidate; the model's default there) and writes ctx only as BSNH: other qkv/ctx
+layouts cost transposes, which are timed and are edges of the graph, exactly the transposes the model then inserts
+(`layouts/layer.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from . import config as lc
+from .layer import FLASH_QKV, for_kernels
 from .solver import Op, Problem, solve
 
 FIXED = {"qkv_kernel": "CDNH", "qkv_bias": "CNH", "out_kernel": "NHD", "in_kernel": "DF", "out2_kernel": "FD"}
@@ -156,6 +158,10 @@ def main(argv=None) -> int:
              for t, c in lc.CANDIDATES.items()}
     if timer.kernels == "pallas":  # the flash kernel never materialises the scores: their layout is moot
         cands["scores"] = (lc.LOGICAL["scores"],)
+        # the packed order flash reads in place is the model's default qkv under pallas (layer.for_kernels): the
+        # fixed order when qkv is not varied, else the first candidate (the default configuration is then a path)
+        others = tuple(c for c in cands["qkv"] if c not in (FLASH_QKV, lc.LOGICAL["qkv"]))
+        cands["qkv"] = (FLASH_QKV,) + (others if "qkv" in a.vary else ())
     problem, cands = build_problem(timer.kernels, cands)
     print(f"# layout search: {timer.device}, jax {timer.jax_version}, {a.config} B={a.batch_size} S={a.seq_len} "
           f"{a.dtype}, kernels={timer.kernels}; candidates: "
@@ -185,7 +191,7 @@ def main(argv=None) -> int:
     problem.transpose = lambda t, s, d: max(transposes.get((t, s, d), math.inf), 0.0)
     solution = solve(problem)
     chosen = extract(problem, solution)
-    default = lc.LayoutConfig()
+    default = for_kernels(lc.LayoutConfig(), timer.kernels == "pallas")  # what the model runs by default
     predicted_default = path_cost(problem, default, timer.kernels)
     print("\n# chosen path (operator: reads -> writes, transposes, cost)")
     for c in solution.choices:

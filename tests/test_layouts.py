@@ -164,7 +164,7 @@ def test_pallas_kernels_in_another_layout_match_xla():
     from layouts import layer
     import pallas_kernels.attention as att
     calls = []
-    orig = att.sharded_flash_attention_qkv
+    orig = att.flash_attention_qkv
     try:  # count the flash calls: the pallas path must really run (ops.TABLE holds the function itself)
         from jaxformer import ops
         ops.TABLE["attention_qkv"]["pallas"] = lambda *a, **k: calls.append(1) or orig(*a, **k)
@@ -282,3 +282,12 @@ def test_search_cli_end_to_end_on_the_cpu(tmp_path, capsys):
     L = BertConfig(**SMALL, layouts=str(out)).layout_config
     assert L.qkv == "CBSNH" and L.h == "BSF" and L.x in lc.CANDIDATES["x"]
     assert search.main(["--config", "tiny", "--vary", "x,q"]) == 2
+
+
+def test_pallas_default_qkv_is_the_packed_flash_order():
+    # Under the kernels the default qkv (CBSNH) is stored packed BSCNH, which flash attention reads in place; an
+    # explicitly configured other order is kept (and transposed to BSCNH in front of the kernels); XLA keeps all.
+    from layouts import layer
+    assert layer.for_kernels(lc.LayoutConfig(), True) == lc.LayoutConfig(qkv="BSCNH")
+    assert layer.for_kernels(lc.LayoutConfig(), False) == lc.LayoutConfig()
+    assert layer.for_kernels(lc.LayoutConfig(qkv="CBNSH", x="SBD"), True) == lc.LayoutConfig(qkv="CBNSH", x="SBD")

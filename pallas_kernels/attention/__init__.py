@@ -16,7 +16,7 @@ from .kernel import BlockSizes, default_block_sizes
 from .reference import attention
 
 __all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "flash_attention_qkv",
-           "sharded_flash_attention", "sharded_flash_attention_qkv", "unfused_attention"]
+           "sharded_flash_attention", "unfused_attention"]
 
 
 def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
@@ -53,10 +53,10 @@ def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: b
 
     The kernels read q, k and v in place and the backward writes one packed dQKV (B, S, 3, N, H), so the fused QKV
     projection's [B*S, 3*N*H] GEMM output and its gradient need no slices, concatenation or transposes around the
-    kernels (they cost ~90 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
-    Under a mesh with batch axes (and `tensor`, which splits N) the kernels run per shard, as `sharded_flash_attention`
-    does (the custom VJP sits outside the two `shard_map`s). Same mask, dropout and other arguments as
-    `flash_attention`.
+    kernels (they cost 88 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
+    Under a mesh with batch axes (and `tensor`, which splits N) the kernels run per shard, as with
+    `sharded_flash_attention`, so no separate sharded entry point exists (the custom VJP sits outside the two
+    `shard_map`s). Same mask, dropout and other arguments as `flash_attention`.
     """
     if qkv.ndim != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be (B, S, 3, N, H); got {qkv.shape=}")
@@ -67,9 +67,6 @@ def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: b
     heads = n if total_heads is None else int(total_heads)
     offsets = jnp.stack([jnp.asarray(batch_offset, jnp.uint32), jnp.asarray(head_offset, jnp.uint32)])
     return _flash_qkv(qkv, kernel.mask_code(mask), seed, offsets, rate, interpret, blocks, heads)
-
-
-sharded_flash_attention_qkv = flash_attention_qkv  # it shards itself (the name mirrors sharded_flash_attention)
 
 
 def _words(seed, offsets, shard_batch, shard_head):
@@ -161,4 +158,3 @@ def _flash_bwd(rate, interpret, blocks, heads, res, do):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
-
