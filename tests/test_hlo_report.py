@@ -223,6 +223,9 @@ def test_profile_joins_a_real_trace():
     rep = analyze(compiled.as_text())
     assert rep.attach_times(times, 2) == 0.0  # every measured event belongs to a top-level operator
     assert sum(c["time_s"] for c in rep.classes().values()) > 0
+    # by="both" (benchmarks/kernels.py --profile): the same events keyed "instruction: kernel name"
+    both = profile_compiled(compiled, (x, w), steps=2, log=lambda m: None, by="both")
+    assert both and all(": " in k for k in both) and {k.split(": ")[0] for k in both} <= set(times)
 
 
 def test_cli_profile_flag_errors():
