@@ -36,6 +36,8 @@ def op_times(xplane_path: str, module: str, by: str = "hlo_op") -> tuple[dict[st
     Several devices (one process, several GPUs): their times are averaged, so the result is per device."""
     from jax.profiler import ProfileData
 
+    if by not in ("hlo_op", "kernel", "both"):
+        raise ValueError(f"by={by!r} must be 'hlo_op', 'kernel' or 'both'")
     planes = list(ProfileData.from_file(xplane_path).planes)
     gpus = [p for p in planes if p.name.startswith("/device:GPU")]
     use = gpus or [p for p in planes if p.name.startswith("/host:CPU")]
@@ -51,8 +53,8 @@ def op_times(xplane_path: str, module: str, by: str = "hlo_op") -> tuple[dict[st
                 stats = dict(e.stats)
                 mod = str(stats.get("hlo_module", ""))
                 if "hlo_op" in stats and (mod == module or mod.startswith(module + "(")):
-                    key = {"hlo_op": str(stats["hlo_op"]), "kernel": e.name}.get(by, f"{stats['hlo_op']}: {e.name}")
-                    times[key] += e.duration_ns
+                    op = str(stats["hlo_op"])
+                    times[op if by == "hlo_op" else e.name if by == "kernel" else f"{op}: {e.name}"] += e.duration_ns
         if times:
             per_plane.append(times)
     if not per_plane:

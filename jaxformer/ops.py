@@ -20,7 +20,8 @@ materialised logits (kernels-h200.md). With the vocabulary split over `tensor` t
 (`MLMHead.cross_entropy`: a vocabulary-parallel cross-entropy).
 
 (**) `attention_qkv` slices the packed (B, S, 3, N, H) projection for the reference; the Pallas kernels read it in
-place and write one packed gradient (the encoder layer's pallas path: `layouts/layer.py`).
+place and write one packed gradient. The encoder layer calls `attention_qkv` under pallas and `attention` (with
+its layout arguments) under xla (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
 Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md. Mosaic GPU (Hopper) versions of
 BDRLN and bias+GELU exist (`pallas_kernels/*/kernel_mgpu.py`). bias+GELU's default backend ("auto") runs them on
@@ -52,7 +53,7 @@ TABLE = {
     "layer_norm": {"xla": _bdrln.reference.layer_norm, "pallas": _bdrln.layer_norm},
     "bias_gelu": {"xla": _bias_gelu.reference.bias_gelu, "pallas": _bias_gelu.bias_gelu},
     "attention": {"xla": _attention.attention, "pallas": _attention_kernels.sharded_flash_attention},
-    "attention_qkv": {"xla": _attention.attention_qkv, "pallas": _attention_kernels.flash_attention_qkv},
+    "attention_qkv": {"xla": _attention.attention_qkv, "pallas": _attention_kernels.sharded_flash_attention_qkv},
     "mlm_cross_entropy": {"xla": _mlm_loss.mlm_cross_entropy, "pallas": _mlm_loss.mlm_cross_entropy_chunked},
 }
 

@@ -97,7 +97,7 @@ def current_mesh():
     return mesh
 
 
-def batch_shard_map(fn, n_batched: int, *, head_dims=None, out_head_dim: int | tuple | None = None):
+def batch_shard_map(fn, n_batched: int, *, head_dims=None, out_head_dim: int | None = None):
     """Run `fn(row_offset, *batched, *replicated)` per batch shard when a mesh with batch axes is set.
 
     A `pallas_call` has no sharding rule: under a sharded `jit` XLA would gather its inputs and run it replicated.
@@ -110,9 +110,9 @@ def batch_shard_map(fn, n_batched: int, *, head_dims=None, out_head_dim: int | t
 
     Heads (tensor parallelism): with `head_dims` (for each argument, the dimension split over the mesh's `tensor`
     axis, e.g. attention heads or feed-forward width, or None; missing trailing entries are None), those dimensions
-    are split over `tensor` too, every output is split on `out_head_dim` (a tuple: one entry per output), and the
-    call is `fn(row_offset, head_offset, *args)`: head_offset is the shard's first index on that dimension, so a
-    kernel can form the element index of the unsharded tensor (its dropout mask then equals the unsharded one).
+    are split over `tensor` too, every output is split on `out_head_dim`, and the call is
+    `fn(row_offset, head_offset, *args)`: head_offset is the shard's first index on that dimension, so a kernel can
+    form the element index of the unsharded tensor (its dropout mask then equals the unsharded one).
     """
     with_heads = head_dims is not None
 
@@ -163,7 +163,7 @@ def batch_shard_map(fn, n_batched: int, *, head_dims=None, out_head_dim: int | t
         def head_dim(i):
             return head_dims[i] if with_heads and i < len(head_dims) else None
 
-        spec = tuple(map(split, out_head_dim)) if isinstance(out_head_dim, tuple) else split(out_head_dim)
+        spec = split(out_head_dim)
         in_specs = tuple(split(head_dim(i), batch if i < n_batched else None) for i in present)
         shard_args = tuple(args[i] for i in present)
         if getattr(mesh, "explicit_axes", ()):  # explicit axes: the types must match the specs (no-op when they do)

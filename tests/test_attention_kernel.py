@@ -12,6 +12,7 @@ from pallas_kernels.attention import (
     default_block_sizes,
     flash_attention,
     flash_attention_qkv,
+    sharded_flash_attention_qkv,
 )
 from pallas_kernels.attention.reference import attention_qkv
 from pallas_kernels.dropout import seed_from_key
@@ -149,7 +150,7 @@ def test_packed_qkv_matches_reference(dtype, rate):
 
 def test_packed_qkv_under_a_mesh_equals_one_device():
     # data=2 x fsdp=2 x tensor=2: the kernels run per batch and head shard (each shard's dropout mask is the
-    # unsharded one), the custom VJP outside the shard_maps; values and dQKV equal the unsharded call.
+    # unsharded one); values and dQKV equal the unsharded call.
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     qkv = jax.random.normal(jax.random.key(13), (4, 32, 3, 4, 16), jnp.float32)
     g = jax.random.normal(jax.random.key(15), (4, 32, 4, 16), jnp.float32)
@@ -158,7 +159,7 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 3)
     with jax.set_mesh(mesh):
         put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
-        got = _packed_value_and_vjp(flash_attention_qkv, put(qkv, P(("data", "fsdp"), None, None, "tensor")),
+        got = _packed_value_and_vjp(sharded_flash_attention_qkv, put(qkv, P(("data", "fsdp"), None, None, "tensor")),
                                     put(mask, P(("data", "fsdp"))),
                                     put(g, P(("data", "fsdp"), None, "tensor")), seed, 0.2)
     for a, b in zip(got, want):

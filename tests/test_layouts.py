@@ -164,7 +164,7 @@ def test_pallas_kernels_in_another_layout_match_xla():
     from layouts import layer
     import pallas_kernels.attention as att
     calls = []
-    orig = att.flash_attention_qkv
+    orig = att.sharded_flash_attention_qkv
     try:  # count the flash calls: the pallas path must really run (ops.TABLE holds the function itself)
         from jaxformer import ops
         ops.TABLE["attention_qkv"]["pallas"] = lambda *a, **k: calls.append(1) or orig(*a, **k)

@@ -16,7 +16,7 @@ from .kernel import BlockSizes, default_block_sizes
 from .reference import attention
 
 __all__ = ["BlockSizes", "attention", "default_block_sizes", "flash_attention", "flash_attention_qkv",
-           "sharded_flash_attention", "unfused_attention"]
+           "sharded_flash_attention", "sharded_flash_attention_qkv", "unfused_attention"]
 
 
 def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
@@ -46,6 +46,18 @@ def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, inte
     return batch_shard_map(run, n_batched=4, head_dims=(2, 2, 2, None), out_head_dim=2)(q, k, v, mask, seed)
 
 
+def sharded_flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
+                                block_sizes: BlockSizes | None = None):
+    """`flash_attention_qkv` per batch shard (and head shard over `tensor`), as `sharded_flash_attention`."""
+    heads = qkv.shape[3]
+
+    def run(offset, head_offset, qkv, mask, seed):
+        return flash_attention_qkv(qkv, mask, seed=seed, rate=rate, interpret=interpret, block_sizes=block_sizes,
+                                   batch_offset=offset, head_offset=head_offset, total_heads=heads)
+
+    return batch_shard_map(run, n_batched=2, head_dims=(3, None, None), out_head_dim=2)(qkv, mask, seed)
+
+
 def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
                         block_sizes: BlockSizes | None = None, batch_offset=0, head_offset=0,
                         total_heads: int | None = None):
@@ -54,48 +66,34 @@ def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: b
     The kernels read q, k and v in place and the backward writes one packed dQKV (B, S, 3, N, H), so the fused QKV
     projection's [B*S, 3*N*H] GEMM output and its gradient need no slices, concatenation or transposes around the
     kernels (they cost 88 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
-    Under a mesh with batch axes (and `tensor`, which splits N) the kernels run per shard, as with
-    `sharded_flash_attention`, so no separate sharded entry point exists (the custom VJP sits outside the two
-    `shard_map`s). Same mask, dropout and other arguments as `flash_attention`.
+    Same mask, dropout and other arguments as `flash_attention`.
     """
     if qkv.ndim != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be (B, S, 3, N, H); got {qkv.shape=}")
     b, s, _, n, h = qkv.shape
     q = jax.ShapeDtypeStruct((b, s, n, h), qkv.dtype)  # only shapes are checked
-    blocks, words, rate, interpret = _prepare(q, q, q, mask, seed, rate, interpret, block_sizes, 0, 0)
-    seed = None if words is None else jnp.asarray(seed, jnp.uint32)  # the words are formed per shard
+    blocks, seed, rate, interpret = _prepare(q, q, q, mask, seed, rate, interpret, block_sizes, batch_offset,
+                                             head_offset)
     heads = n if total_heads is None else int(total_heads)
-    offsets = jnp.stack([jnp.asarray(batch_offset, jnp.uint32), jnp.asarray(head_offset, jnp.uint32)])
-    return _flash_qkv(qkv, kernel.mask_code(mask), seed, offsets, rate, interpret, blocks, heads)
+    return _flash_qkv(qkv, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
 
 
-def _words(seed, offsets, shard_batch, shard_head):
-    return None if seed is None else seed_words(seed, offsets[0] + shard_batch, offsets[1] + shard_head)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _flash_qkv(qkv, code, seed, rate, interpret, blocks, heads):
+    return _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _flash_qkv(qkv, code, seed, offsets, rate, interpret, blocks, heads):
-    return _flash_qkv_fwd(qkv, code, seed, offsets, rate, interpret, blocks, heads)[0]
-
-
-def _flash_qkv_fwd(qkv, code, seed, offsets, rate, interpret, blocks, heads):
-    def run(row, head, qkv, code, seed, offsets):
-        return kernel.forward(qkv, qkv, qkv, code, _words(seed, offsets, row, head), rate=rate, blocks=blocks,
-                              interpret=interpret, heads=heads, packed=True)
-    out, lse = batch_shard_map(run, n_batched=2, head_dims=(3, None, None, None), out_head_dim=(2, 1))(
-        qkv, code, seed, offsets)
-    return out, (qkv, code, seed, offsets, out, lse)
+def _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads):
+    out, lse = kernel.forward(qkv, qkv, qkv, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
+                              packed=True)
+    return out, (qkv, code, seed, out, lse)
 
 
 def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do):
-    qkv, code, seed, offsets, out, lse = res
-
-    def run(row, head, qkv, code, out, lse, do, seed, offsets):
-        return kernel.backward(qkv, qkv, qkv, code, _words(seed, offsets, row, head), out, lse, do, rate=rate,
-                               blocks=blocks, interpret=interpret, heads=heads, packed=True)
-    dqkv = batch_shard_map(run, n_batched=5, head_dims=(3, None, 2, 1, 2, None, None), out_head_dim=3)(
-        qkv, code, out, lse, do, seed, offsets)
-    return dqkv, None, None, None
+    qkv, code, seed, out, lse = res
+    dqkv = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
+                           heads=heads, packed=True)
+    return dqkv, None, None
 
 
 _flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)
