@@ -1,6 +1,8 @@
 """Flash attention kernels (interpret mode on CPU) against the unfused reference: forward and VJP, padded key masks,
 all-padded examples, dropout on and off (the same counter-based mask, bit for bit), fp32 and bf16."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,6 +82,30 @@ def test_matches_reference_small_blocks_varied_lengths():
     # key blocks, a length inside a block), varied lengths including an example with no real key (uniform softmax).
     q, k, v, g = _inputs(jax.random.key(2), 4, 64, 128, 2, 64, jnp.float32)
     _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, block_sizes=_SMALL)
+
+
+@pytest.mark.parametrize(("fused", "key_major"), [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_backward_variants_match_reference(packed, fused, key_major):
+    # The one-kernel backward (one program per (b, n) holding all T keys; dQ, dK, dV from one pass over the query
+    # blocks) and the key-major tiles (of it and of the dK/dV kernel), with several query steps, dropout, a length
+    # inside a block and an example with no real key; S != T. (The pair, row-major, runs in the tests above.)
+    blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major)
+    if packed:
+        qkv = jax.random.normal(jax.random.key(17), (3, 64, 3, 2, 32), jnp.float32)
+        g = jax.random.normal(jax.random.key(18), (3, 64, 2, 32), jnp.float32)
+        _check_packed(qkv, _mask([64, 37, 0], 64), g, rate=0.2, block_sizes=blocks)
+    else:
+        q, k, v, g = _inputs(jax.random.key(19), 4, 64, 128, 2, 64, jnp.float32)
+        _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, block_sizes=blocks)
+
+
+def test_default_backward_kernels():
+    assert default_block_sizes(128, 64).fused_bwd and default_block_sizes(64, 32).fused_bwd  # the tests' shapes
+    assert not default_block_sizes(512, 64).fused_bwd and not default_block_sizes(128, 128).fused_bwd
+    q, k, v, _ = _inputs(jax.random.key(20), 1, 32, 96, 1, 32, jnp.float32)
+    with pytest.raises(ValueError, match="T=96 keys in one tile"):
+        flash_attention(q, k, v, jnp.ones((1, 96), bool), block_sizes=dataclasses.replace(_SMALL, fused_bwd=True))
 
 
 def test_dropout_mask_identical_to_reference():
@@ -166,20 +192,33 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+# The GPU shapes: the defaults at S = 128 and 512, and the other backward variants (the one-kernel backward or the
+# dK/dV + dQ pair, row- or key-major tiles).
+_GPU_CASES = [(128, {}), (128, {"fused_bwd": False, "key_major": False}), (128, {"fused_bwd": True, "key_major": True}),
+              (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"key_major": False}),
+              (512, {"key_major": True})]
+
+
+def _gpu_blocks(s, variant):
+    return dataclasses.replace(default_block_sizes(s, 64), **variant)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-@pytest.mark.parametrize("s", [128, 512])
-def test_packed_compiled_matches_reference_on_gpu(s, rate):
+@pytest.mark.parametrize(("s", "variant"), _GPU_CASES)
+def test_packed_compiled_matches_reference_on_gpu(s, variant, rate):
     qkv = jax.random.normal(jax.random.key(10), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
     g = jax.random.normal(jax.random.key(11), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
-    _check_packed(qkv, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, interpret=False)
+    _check_packed(qkv, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, interpret=False,
+                  block_sizes=_gpu_blocks(s, variant))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-@pytest.mark.parametrize("s", [128, 512])
-def test_compiled_matches_reference_on_gpu(s, rate):
+@pytest.mark.parametrize(("s", "variant"), _GPU_CASES)
+def test_compiled_matches_reference_on_gpu(s, variant, rate):
     b, n, h = 4, 16, 64
     q, k, v, g = _inputs(jax.random.key(7), b, s, s, n, h, jnp.bfloat16)
     # Against the fp32 reference on the same bf16 inputs: the bf16 reference itself is ~1e-2 off the truth.
-    _check(q, k, v, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, exact_reference=True, interpret=False)
+    _check(q, k, v, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, exact_reference=True, interpret=False,
+           block_sizes=_gpu_blocks(s, variant))

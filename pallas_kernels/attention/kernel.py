@@ -52,6 +52,13 @@ class BlockSizes:
     num_stages_bwd: int = 3
     num_warps_dq: int | None = None  # None: num_warps_bwd
     num_stages_dq: int | None = None  # None: num_stages_bwd
+    # One backward kernel per (b, n) holding all T keys (dQ, dK, dV in one pass; T a power of two) instead of the
+    # dK/dV + dQ pair; it steps over query rows by block_q_dkv with num_warps_fused / num_stages_bwd.
+    fused_bwd: bool = False
+    num_warps_fused: int = 8
+    # Backward tiles key-major, (keys, queries) instead of (queries, keys), in the dK/dV and one-kernel backward: the
+    # dK and dV products then have the key block, not the query block, as their rows (M of the matrix unit).
+    key_major: bool = False
 
 
 def _fit(cap: int, n: int) -> int:
@@ -66,16 +73,22 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
     """Defaults for query length S, head width H and key length T (= S unless given).
 
     H <= 64 (BERT): 128x64 forward tiles with 4 warps, as Triton's fused-attention tutorial uses; the backward
-    tiles are smaller because each step holds four fp32 (block_q, block_k) tiles (s/p, dp, ds, the hash) at once.
-    Wider heads halve the key tile and double the warps to keep the fp32 accumulators in registers.
+    tiles are smaller because each step holds four fp32 (block_q, block_k) tiles (s/p, dp, ds, the hash) at once,
+    key-major. T <= 128 (a power of two): the one-kernel backward (`fused_bwd`, 32 query rows per step, 8 warps),
+    else the dK/dV (64x64 tiles) + dQ pair. Measured per kernel on an H200 (kernels-h200.md, session 7): at B64
+    S128 p=0.1 the backward fell from 110.5 us (+15 us of XLA for delta) to 101.3; at B16 S512 from 320.6 to 267.0.
+    Wider heads (not tuned): row-major pair, the key tile halved and the warps doubled to keep the fp32 accumulators
+    in registers.
     """
     t = s if t is None else t
     wide = h > 64
+    fused = t <= 128 and _is_pow2(t) and not wide
     return BlockSizes(
         block_q=_fit(128, s), block_k=_fit(32 if wide else 64, t),
-        block_q_dkv=_fit(32, s), block_k_dkv=_fit(64, t),
+        block_q_dkv=_fit(32 if fused or wide else 64, s), block_k_dkv=_fit(64, t),
         block_q_dq=_fit(64, s), block_k_dq=_fit(32, t),
         num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
+        fused_bwd=fused, key_major=not wide,
     )
 
 
@@ -100,6 +113,8 @@ def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
     for name, block in dataclasses.asdict(blocks).items():
         if name.startswith("block_") and (not _is_pow2(block) or block < 16):
             raise ValueError(f"{name}={block} must be a power of two >= 16")
+    if blocks.fused_bwd and not _is_pow2(t):
+        raise ValueError(f"fused_bwd holds all T={t} keys in one tile: T must be a power of two")
     for name, length in (("block_q", s), ("block_q_dkv", s), ("block_q_dq", s),
                          ("block_k", t), ("block_k_dkv", t), ("block_k_dq", t)):
         block = getattr(blocks, name)
@@ -173,6 +188,27 @@ def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate):
     return pd, ds
 
 
+def _grad_tile_key_major(q, k, v, do, code, lse, delta, drop, q_start, k_start, *, t_len, qk_scale, rate):
+    """`_grad_tile` transposed: (Pd^T, dS^T) as (block_k, block_q) tiles, from k @ q^T and v @ dO^T."""
+    block_k, block_q = k.shape[0], q.shape[0]
+    s = pltriton.dot(k, q, trans_b=True) * qk_scale
+    real = code[:, None] > 0
+    s = jnp.where(real, s, jnp.where(code == 0, _PADDED, 0.0)[:, None])
+    p = jnp.exp2(s - lse[None, :])
+    dp = pltriton.dot(v, do, trans_b=True)
+    pd = p
+    if drop is not None:
+        seed0, seed1, head_row = drop
+        u32 = jnp.uint32
+        rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(u32)
+        cols = (k_start + jnp.arange(block_k, dtype=jnp.int32)).astype(u32)
+        keep = hash_uint32(seed0, seed1, rows[None, :] * u32(t_len) + cols[:, None]) >= u32(keep_threshold(rate))
+        inv_keep = 1.0 / (1.0 - rate)
+        pd = jnp.where(keep, p * inv_keep, 0.0)
+        dp = jnp.where(keep, dp * inv_keep, 0.0)
+    return pd, jnp.where(real, p * (dp - delta[None, :]), 0.0)
+
+
 # ---------------------------------------------------------------------------------------------- kernels
 
 
@@ -209,7 +245,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, o_ref, lse_ref, *, scal
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
-                 scale, block_q, heads, t_len, rate):
+                 scale, block_q, heads, t_len, rate, key_major=False):
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,);
     # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV (C = 1, 2 written here)
     block_k, h = k_ref.shape
@@ -223,6 +259,10 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta
         q_start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
+        if key_major:
+            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta_ref[rows], drop, q_start,
+                                              k_start, t_len=t_len, qk_scale=scale * _LOG2E, rate=rate)
+            return (dk + pltriton.dot(ds_t.astype(q.dtype), q), dv + pltriton.dot(pd_t.astype(do.dtype), do))
         keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
                             qk_scale=scale * _LOG2E, rate=rate)
@@ -265,6 +305,56 @@ def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_r
 
     dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+
+
+def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
+                      scale, block_q, heads, rate, key_major=False):
+    # One program per (b, n) with all T keys: q_ref, do_ref, o_ref (S, H); lse_ref (S,); k_ref, v_ref (T, H);
+    # code_ref (T,); out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV.
+    # Each query block's probabilities (and dropout mask) are computed once, for dV, dK and dQ together; delta =
+    # rowsum(dO * O) is formed here too. dQ rows are final after their step (all keys seen) and stored at once.
+    t_len, h = k_ref.shape
+    s_len = q_ref.shape[0]
+    drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
+    k, v, code = k_ref[...], v_ref[...], code_ref[...]
+
+    def body(i, carry):
+        dk, dv = carry
+        q_start = pl.multiple_of(i * block_q, block_q)
+        rows = pl.ds(q_start, block_q)
+        q, do = q_ref[rows, :], do_ref[rows, :]
+        delta = jnp.sum(o_ref[rows, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
+        if key_major:
+            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta, drop, q_start, 0,
+                                              t_len=t_len, qk_scale=scale * _LOG2E, rate=rate)
+            ds_t = ds_t.astype(k.dtype)
+            dq = pltriton.dot(ds_t, k, trans_a=True)
+            dv = dv + pltriton.dot(pd_t.astype(do.dtype), do)
+            dk = dk + pltriton.dot(ds_t, q)
+        else:
+            keep = _keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate)
+            pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * _LOG2E, rate=rate)
+            ds = ds.astype(k.dtype)
+            dq = pltriton.dot(ds, k)
+            dv = dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=True)
+            dk = dk + pltriton.dot(ds, q, trans_a=True)
+        dq = dq * scale
+        if len(out_refs) == 1:
+            out_refs[0][rows, 0, :] = dq.astype(out_refs[0].dtype)
+        else:
+            out_refs[0][rows, :] = dq.astype(out_refs[0].dtype)
+        return dk, dv
+
+    zeros = jnp.zeros((t_len, h), jnp.float32)
+    dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
+    dk = dk * scale
+    if len(out_refs) == 1:
+        out_refs[0][:, 1, :] = dk.astype(out_refs[0].dtype)
+        out_refs[0][:, 2, :] = dv.astype(out_refs[0].dtype)
+    else:
+        out_refs[1][...] = dk.astype(out_refs[1].dtype)
+        out_refs[2][...] = dv.astype(out_refs[2].dtype)
+
 
 
 # ---------------------------------------------------------------------------------------------- pallas_calls
@@ -322,6 +412,9 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     array): the packed dQKV (B, S, 3, N, H), written in place by both kernels (no concatenation)."""
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
+    if blocks.fused_bwd:
+        return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
+                               heads=heads, packed=packed)
     # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
 
@@ -336,7 +429,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         dkdv_specs = [key_block, key_block]
         dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     dkdv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate),
+        functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
+                          key_major=blocks.key_major),
         grid=(t // bk, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
                   _qkv_spec(packed, 2, bk, h, lambda j: j), pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)),
@@ -368,3 +462,29 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         return dq
     dk, dv = dkdv
     return dq, dk, dv
+
+
+def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed):
+    """`backward` as one kernel per (b, n) (`BlockSizes.fused_bwd`): grid (1, B, N), every block spans S or T."""
+    b, s, n, h, t = _shapes(q, k, packed)
+    seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
+    if packed:
+        out_specs = [pl.BlockSpec((None, s, 3, None, h), lambda j, b_, n_: (b_, 0, 0, n_, 0))]
+        out_shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    else:
+        key_full = pl.BlockSpec((None, t, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
+        out_specs = [seq_full, key_full, key_full]
+        out_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    grads = pl.pallas_call(
+        functools.partial(_bwd_fused_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, rate=rate,
+                          key_major=blocks.key_major),
+        grid=(1, b, n),
+        in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, t, h, lambda j: 0),
+                  _qkv_spec(packed, 2, t, h, lambda j: 0), pl.BlockSpec((None, t), lambda j, b_, n_: (b_, 0)),
+                  _seed_spec(seed), seq_full, pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)),
+                  seq_full],
+        out_specs=out_specs, out_shape=out_shapes,
+        compiler_params=compiler_params(blocks.num_warps_fused, blocks.num_stages_bwd),
+        interpret=interpret, name="flash_attention_bwd_fused",
+    )(q, k, v, code, seed, do, lse, o)
+    return grads[0] if packed else tuple(grads)
