@@ -1,4 +1,4 @@
-"""Session 7 (runs 1, 2): the one-kernel flash backward (`BlockSizes.fused_bwd`) against the dK/dV + dQ pair, per kernel.
+"""Session 7 (runs 1, 2): the one-kernel flash backward (`fused_bwd`) against the dK/dV + dQ pair, per kernel.
 
 Each candidate: fwd+bwd compiled once, checked against the reference (relative L2 of output and gradients), then
 `CALLS` profiled calls; prints the device time of the forward, the backward kernel(s) and the XLA rest (delta,
