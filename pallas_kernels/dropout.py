@@ -7,9 +7,10 @@ index is the row-major position in the logical tensor.
 
 The hash is one MurmurHash3 32-bit finaliser over (index ^ seed0) * golden + seed1: 11 integer operations per
 element, a counter-based generator in the spirit of Philox/Squares, not a cryptographic one. One round, not two:
-inside the attention kernels the mask is drawn for every score three times (forward, dK/dV, dQ), where the hash
-is the largest cost besides the matrix products (benchmarks/results/kernels-h200.md); tests/test_ops.py checks the
-keep rate and the independence across seeds, layers and neighbouring elements.
+inside the attention kernels the mask is drawn for every score three times (forward, dK/dV, dQ; twice with the
+one-kernel backward), where the hash is the largest cost besides the matrix products
+(benchmarks/results/kernels-h200.md); tests/test_ops.py checks the keep rate and the independence across seeds,
+layers and neighbouring elements.
 """
 
 import jax

@@ -1,7 +1,7 @@
 """Multi-head self-attention core: softmax(QK^T/sqrt(H), padding mask) with dropout, times V.
 
 `attention` is the unfused reference (it materialises the BNST scores); `flash_attention` is the fused
-FlashAttention-2 kernel pair (Pallas, Triton-lowered) with the same mask and dropout semantics.
+FlashAttention-2 forward and backward kernels (Pallas, Triton-lowered) with the same mask and dropout semantics.
 """
 
 import functools

@@ -14,6 +14,11 @@ an example with no real key at all. Padded keys get the reference's score finfo.
 0 does the same while keeping its logsumexp finite (log2 T) for the backward, where finfo.min + log2 T would round
 back to finfo.min and make every recomputed probability 1 instead of 1/T.
 
+Backward: either a dK/dV kernel (one program per key block, looping over query blocks) and a dQ kernel (one per
+query block, looping over key blocks), or, where a program can hold all T keys (`BlockSizes.fused_bwd`, the default
+at T <= 128), one kernel per (b, n) that forms each query block's probabilities once for dV, dK and dQ together.
+With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
+
 Dropout: probability element (b, n, s, t) is kept iff hash_uint32(seed, ((b*N + n)*S + s)*T + t) >= threshold, the
 same uint32 arithmetic as `pallas_kernels.dropout` on the reference's BNST tensor, so the masks agree bit for bit.
 The backward regenerates the mask from the seed; it is never stored.
@@ -155,8 +160,9 @@ def _dropout_base(seed_ref, *, heads, s_len):
     return seed_ref[0], seed_ref[1], head_row
 
 
-def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate):
-    """Keep mask (block_q, block_k) of the tile at rows q_start.., keys k_start..; None when dropout is off.
+def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate, key_major=False):
+    """Keep mask (block_q, block_k) of the tile at rows q_start.., keys k_start.. ((block_k, block_q) if key_major);
+    None when dropout is off.
 
     Index ((b*N + n)*S + s)*T + t in uint32 (wrapping as the reference's uint32 arange would).
     """
@@ -166,7 +172,10 @@ def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate):
     u32 = jnp.uint32
     rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(u32)
     cols = (k_start + jnp.arange(block_k, dtype=jnp.int32)).astype(u32)
-    index = rows[:, None] * u32(t_len) + cols[None, :]
+    if key_major:
+        index = rows[None, :] * u32(t_len) + cols[:, None]
+    else:
+        index = rows[:, None] * u32(t_len) + cols[None, :]
     return hash_uint32(seed0, seed1, index) >= u32(keep_threshold(rate))
 
 
@@ -188,21 +197,16 @@ def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate):
     return pd, ds
 
 
-def _grad_tile_key_major(q, k, v, do, code, lse, delta, drop, q_start, k_start, *, t_len, qk_scale, rate):
-    """`_grad_tile` transposed: (Pd^T, dS^T) as (block_k, block_q) tiles, from k @ q^T and v @ dO^T."""
-    block_k, block_q = k.shape[0], q.shape[0]
+def _grad_tile_key_major(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate):
+    """`_grad_tile` transposed: (Pd^T, dS^T) as (block_k, block_q) tiles, from k @ q^T and v @ dO^T; `keep` from
+    `_keep(..., key_major=True)`."""
     s = pltriton.dot(k, q, trans_b=True) * qk_scale
     real = code[:, None] > 0
     s = jnp.where(real, s, jnp.where(code == 0, _PADDED, 0.0)[:, None])
     p = jnp.exp2(s - lse[None, :])
     dp = pltriton.dot(v, do, trans_b=True)
     pd = p
-    if drop is not None:
-        seed0, seed1, head_row = drop
-        u32 = jnp.uint32
-        rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(u32)
-        cols = (k_start + jnp.arange(block_k, dtype=jnp.int32)).astype(u32)
-        keep = hash_uint32(seed0, seed1, rows[None, :] * u32(t_len) + cols[:, None]) >= u32(keep_threshold(rate))
+    if keep is not None:
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
@@ -259,11 +263,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta
         q_start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
+        keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate, key_major=key_major)
         if key_major:
-            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta_ref[rows], drop, q_start,
-                                              k_start, t_len=t_len, qk_scale=scale * _LOG2E, rate=rate)
+            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
+                                              qk_scale=scale * _LOG2E, rate=rate)
             return (dk + pltriton.dot(ds_t.astype(q.dtype), q), dv + pltriton.dot(pd_t.astype(do.dtype), do))
-        keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
                             qk_scale=scale * _LOG2E, rate=rate)
         dv = dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=True)
@@ -324,15 +328,15 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
         delta = jnp.sum(o_ref[rows, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
+        keep = _keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate, key_major=key_major)
         if key_major:
-            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta, drop, q_start, 0,
-                                              t_len=t_len, qk_scale=scale * _LOG2E, rate=rate)
+            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta, keep,
+                                              qk_scale=scale * _LOG2E, rate=rate)
             ds_t = ds_t.astype(k.dtype)
             dq = pltriton.dot(ds_t, k, trans_a=True)
             dv = dv + pltriton.dot(pd_t.astype(do.dtype), do)
             dk = dk + pltriton.dot(ds_t, q)
         else:
-            keep = _keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate)
             pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * _LOG2E, rate=rate)
             ds = ds.astype(k.dtype)
             dq = pltriton.dot(ds, k)
