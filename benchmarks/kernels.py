@@ -4,6 +4,7 @@
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune # also try the block-size candidates
     PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls xla,pallas,mgpu  # Triton vs Mosaic GPU
     PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss     # MLM cross-entropy: logits vs vocabulary chunks
+    PYTHONPATH=. python benchmarks/kernels.py --ops embedding    # the embedding block under XLA (no kernel)
 
 Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
 dead code, and an `optimization_barrier` between them keeps XLA from fusing one iteration into the next), for
@@ -168,6 +169,29 @@ def cases(ops, dtype, scale=1):
             for c in (4096, 8192, 16384, 32768):  # 32768 > V: one chunk
                 impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
             out.append(("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3, None, None, None))
+    if "embedding" in ops:
+        # The embedding block (word/position/type gathers, sum, LN, dropout 0.1; once per step) under XLA, to see
+        # whether XLA leaves bytes on the table (issue 4, item 5). Chained through x: the previous output decides
+        # nothing (ids + (x[:, :, 0] > 1e4), never true for LN outputs) but XLA cannot know. Bytes it must move:
+        # fwd: the gathered fp32 word rows in, bf16 out; bwd: dy in, the word rows again, their fp32 gradient rows
+        # into the dense (V, D) table gradient, whose zero fill is V*D*4 (position/type rows are small).
+        from flax import nnx
+
+        from jaxformer import BertConfig
+        from jaxformer.model import Embeddings
+        cfg = BertConfig.preset("large", dtype=jnp.dtype(dtype).name, kernels="xla")
+        graphdef, state = nnx.split(Embeddings(cfg, rngs=nnx.Rngs(0)))
+        for b, s_ in [(64 // scale, 128), (16 // scale, 512)]:
+            ids = jax.random.randint(key[0], (b, s_), 0, cfg.vocab_size)
+            types = jnp.broadcast_to((jnp.arange(s_) >= s_ // 2).astype(jnp.int32), (b, s_))
+            x = jnp.zeros((b, s_, cfg.hidden_size), dtype)
+
+            def emb(x, state, graphdef=graphdef, ids=ids, types=types):
+                ids = ids + (x[:, :, 0] > 1e4).astype(ids.dtype)
+                return nnx.merge(graphdef, state)(ids, types, seed=seed, rate=0.1)
+            rows = b * s_ * cfg.hidden_size
+            out.append(("embedding", f"large B{b} S{s_} p=0.1", {"xla": emb}, (x, state), 2, rows * (4 + 2),
+                        rows * (4 + 2 + 2 + 4 + 4) + cfg.padded_vocab_size * cfg.hidden_size * 4, None))
     if "layer" in ops:
         from flax import nnx
 

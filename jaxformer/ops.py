@@ -6,7 +6,7 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 
 | operator (Ivanov et al.)                        | xla (reference, XLA fuses)  | pallas                               |
 |-------------------------------------------------|-----------------------------|--------------------------------------|
-| embedding_layernorm (sum + LN + dropout)        | embedding_layernorm.ref     | xla (once per step; measured)        |
+| embedding_layernorm (sum + LN + dropout)        | embedding_layernorm.ref     | xla (once per step: 0.6% of its time)|
 | bias_dropout_residual_layernorm (BDRLN / BLNRD) | bdrln.reference             | bdrln kernel.py fwd + bwd            |
 | layer_norm (the MLM head's)                     | bdrln.reference.layer_norm  | bdrln kernel.py (no bias/res)        |
 | bias_gelu (BAD / BDRB)                          | bias_gelu.reference         | kernel_mgpu.py (Hopper+) / kernel.py |
