@@ -179,38 +179,28 @@ def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate, key_major=Fa
     return hash_uint32(seed0, seed1, index) >= u32(keep_threshold(rate))
 
 
-def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate):
+def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False):
     """(dropped probabilities for dV, dS w.r.t. the natural-log scores) of one tile; FlashAttention-2 Alg. 2.
 
     With D = keep / (1 - rate): O = (P*D) V, so dP = D * (dO V^T) and dS = P * (dP - rowsum(P * dP)), where
-    rowsum(P * dP) = rowsum(dO * O) = delta still holds with dropout.
+    rowsum(P * dP) = rowsum(dO * O) = delta still holds with dropout. Tiles are (block_q, block_k), or with
+    `key_major` their transposes (Pd^T, dS^T) from k @ q^T and v @ dO^T (`keep` from `_keep(..., key_major=True)`).
     """
-    p = jnp.exp2(_scores(q, k, code, qk_scale) - lse[:, None])
-    dp = pltriton.dot(do, v, trans_b=True)
+    if key_major:  # per-key values run down the rows, per-query values along them
+        s, dp = pltriton.dot(k, q, trans_b=True), pltriton.dot(v, do, trans_b=True)
+        code, lse, delta = code[:, None], lse[None, :], delta[None, :]
+    else:
+        s, dp = pltriton.dot(q, k, trans_b=True), pltriton.dot(do, v, trans_b=True)
+        code, lse, delta = code[None, :], lse[:, None], delta[:, None]
+    real = code > 0
+    p = jnp.exp2(jnp.where(real, s * qk_scale, jnp.where(code == 0, _PADDED, 0.0)) - lse)  # as `_scores`
     pd = p
     if keep is not None:
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
     # The reference's `where` passes no gradient to padded keys; only all-padded examples (code -1) have p != 0 there.
-    ds = jnp.where(code[None, :] > 0, p * (dp - delta[:, None]), 0.0)
-    return pd, ds
-
-
-def _grad_tile_key_major(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate):
-    """`_grad_tile` transposed: (Pd^T, dS^T) as (block_k, block_q) tiles, from k @ q^T and v @ dO^T; `keep` from
-    `_keep(..., key_major=True)`."""
-    s = pltriton.dot(k, q, trans_b=True) * qk_scale
-    real = code[:, None] > 0
-    s = jnp.where(real, s, jnp.where(code == 0, _PADDED, 0.0)[:, None])
-    p = jnp.exp2(s - lse[None, :])
-    dp = pltriton.dot(v, do, trans_b=True)
-    pd = p
-    if keep is not None:
-        inv_keep = 1.0 / (1.0 - rate)
-        pd = jnp.where(keep, p * inv_keep, 0.0)
-        dp = jnp.where(keep, dp * inv_keep, 0.0)
-    return pd, jnp.where(real, p * (dp - delta[None, :]), 0.0)
+    return pd, jnp.where(real, p * (dp - delta), 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -265,8 +255,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta
         q, do = q_ref[rows, :], do_ref[rows, :]
         keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate, key_major=key_major)
         if key_major:
-            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
-                                              qk_scale=scale * _LOG2E, rate=rate)
+            pd_t, ds_t = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
+                                    qk_scale=scale * _LOG2E, rate=rate, key_major=True)
             return (dk + pltriton.dot(ds_t.astype(q.dtype), q), dv + pltriton.dot(pd_t.astype(do.dtype), do))
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
                             qk_scale=scale * _LOG2E, rate=rate)
@@ -330,8 +320,8 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
         delta = jnp.sum(o_ref[rows, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
         keep = _keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate, key_major=key_major)
         if key_major:
-            pd_t, ds_t = _grad_tile_key_major(q, k, v, do, code, lse_ref[rows], delta, keep,
-                                              qk_scale=scale * _LOG2E, rate=rate)
+            pd_t, ds_t = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep,
+                                    qk_scale=scale * _LOG2E, rate=rate, key_major=True)
             ds_t = ds_t.astype(k.dtype)
             dq = pltriton.dot(ds_t, k, trans_a=True)
             dv = dv + pltriton.dot(pd_t.astype(do.dtype), do)
