@@ -1,7 +1,8 @@
 """Fused Pallas kernels against XLA's fusion of the same reference math, forward and forward+backward.
 
     PYTHONPATH=. python benchmarks/kernels.py                    # every operator, BERT-base/large shapes
-    PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune # also try the block-size candidates
+    PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune # also try the block-size candidates (bdrln, bias_gelu,
+                                                                 # softmax, attention: the backward forms too)
     PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls xla,pallas,mgpu  # Triton vs Mosaic GPU
     PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss     # MLM cross-entropy: logits vs vocabulary chunks
     PYTHONPATH=. python benchmarks/kernels.py --ops embedding    # the embedding block under XLA (no kernel)
@@ -132,7 +133,7 @@ def cases(ops, dtype, scale=1):
             out.append(("softmax", f"B{b} N{n} S{s} p=0.1", impls, (x,), 1, 2 * size, 5 * size,
                         softmax.kernel.Blocks))
     if "attention" in ops:
-        from pallas_kernels.attention import attention, flash_attention, unfused_attention
+        from pallas_kernels.attention import attention, flash_attention, kernel as attention_kernel, unfused_attention
         for b, n, s_ in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             q, k, v = (jax.random.normal(key[i], (b, s_, n, 64), dtype) for i in (0, 1, 2))
             lengths = jax.random.randint(key[3], (b,), s_ // 2, s_ + 1)
@@ -141,7 +142,8 @@ def cases(ops, dtype, scale=1):
             for rate in (0.1, 0.0):
                 kw = dict(seed=seed, rate=rate)
                 impls = {"xla": lambda q, k, v, kw=kw, m=mask: attention(q, k, v, m, **kw),
-                         "pallas": lambda q, k, v, kw=kw, m=mask, **bl: flash_attention(q, k, v, m, **kw),
+                         "pallas": lambda q, k, v, kw=kw, m=mask, blocks=None: flash_attention(
+                             q, k, v, m, **kw, block_sizes=blocks),
                          "pallas-unfused": lambda q, k, v, kw=kw, m=mask: unfused_attention(q, k, v, m, **kw)}
                 if not rate:
                     for impl in ("cudnn", "xla"):
@@ -150,7 +152,7 @@ def cases(ops, dtype, scale=1):
                                 q, k, v, query_seq_lengths=jnp.full_like(ln, s_), key_value_seq_lengths=ln,
                                 implementation=impl))
                 out.append(("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
-                            12 * size, None))
+                            12 * size, attention_kernel.BlockSizes))
     if "mlm_loss" in ops:
         # The MLM head's tied decoder + cross-entropy at BERT-large's masked rows per step (B64 x P20 at S=128,
         # B16 x P80 at S=512: 1280) and 4x that; V = 30522, D = 1024. The output is folded into h's shape
@@ -214,8 +216,20 @@ def cases(ops, dtype, scale=1):
     return out
 
 
-def tune_candidates(blocks_cls, pass_):
+def tune_candidates(blocks_cls, pass_, args=()):
     """Block sizes to try: forward tiles for the forward pass, backward tiles (forward at its default) for fwd+bwd."""
+    from pallas_kernels.attention import kernel as attention_kernel
+    if blocks_cls is attention_kernel.BlockSizes:  # around the defaults for q's (B, S, N, H); session 7's search
+        s, h = args[0].shape[1], args[0].shape[3]
+        d = attention_kernel.default_block_sizes(s, h)
+        if pass_ == "fwd":
+            return [dataclasses.replace(d, block_q=min(bq, s), block_k=min(bk, s), num_warps=w, num_stages=st)
+                    for bq, bk, w, st in ((64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 2))]
+        pairs = [dataclasses.replace(d, fused_bwd=False, key_major=km, block_q_dkv=min(bq, s), block_k_dkv=min(bk, s),
+                                     num_warps_bwd=4) for km in (False, True) for bq, bk in ((32, 64), (64, 64))]
+        fused = [dataclasses.replace(d, fused_bwd=True, key_major=km, block_q_dkv=bq, num_warps_fused=w)
+                 for km in (False, True) for bq, w in ((16, 4), (32, 8), (64, 8))] if s <= 128 else []
+        return pairs + fused
     d = blocks_cls()
     if blocks_cls in MGPU_BLOCKS.values():  # Mosaic GPU: rows per pipeline step, tiles in flight, programs
         rows = (1, 2, 4) if blocks_cls is bias_gelu_mgpu.Blocks else (4, 8)
@@ -315,7 +329,7 @@ def main():
                     continue
                 cls = MGPU_BLOCKS.get(op) if impl == "mgpu" else blocks_cls
                 tunable = impl in ("pallas", "mgpu") and cls is not None
-                candidates = [None] + (tune_candidates(cls, name) if a.tune and tunable else [])
+                candidates = [None] + (tune_candidates(cls, name, args) if a.tune and tunable else [])
                 best = None
                 for blk in candidates:
                     fn = (lambda *x, blk=blk, fn0=fn0: fn0(*x, blocks=blk)) if blk else fn0
