@@ -145,6 +145,13 @@ def cases(ops, dtype, scale=1):
                          "pallas": lambda q, k, v, kw=kw, m=mask, blocks=None: flash_attention(
                              q, k, v, m, **kw, block_sizes=blocks),
                          "pallas-unfused": lambda q, k, v, kw=kw, m=mask: unfused_attention(q, k, v, m, **kw)}
+                if not rate and bias_gelu_mgpu.supported():
+                    # JAX's own Mosaic GPU flash attention (jax.experimental.pallas.ops.gpu.attention_mgpu, Hopper+):
+                    # no key mask, no dropout, so only a speed bound for a Mosaic GPU version of ours (unchecked).
+                    from jax.experimental.pallas.ops.gpu import attention_mgpu
+                    cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=min(128, s_), max_concurrent_steps=2,
+                                                      block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+                    impls["jax-mgpu-nomask"] = lambda q, k, v, cfg=cfg: attention_mgpu.attention(q, k, v, cfg)
                 if not rate:
                     for impl in ("cudnn", "xla"):
                         impls[f"jax.nn.dpa-{impl}"] = (
