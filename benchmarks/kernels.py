@@ -34,6 +34,7 @@ import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
 import pallas_kernels.softmax as softmax
 from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as bdrln_mgpu
+from pallas_kernels.attention import kernel as attention_kernel
 from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
 from pallas_kernels.dropout import seed_from_key
 
@@ -133,7 +134,7 @@ def cases(ops, dtype, scale=1):
             out.append(("softmax", f"B{b} N{n} S{s} p=0.1", impls, (x,), 1, 2 * size, 5 * size,
                         softmax.kernel.Blocks))
     if "attention" in ops:
-        from pallas_kernels.attention import attention, flash_attention, kernel as attention_kernel, unfused_attention
+        from pallas_kernels.attention import attention, flash_attention, unfused_attention
         for b, n, s_ in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             q, k, v = (jax.random.normal(key[i], (b, s_, n, 64), dtype) for i in (0, 1, 2))
             lengths = jax.random.randint(key[3], (b,), s_ // 2, s_ + 1)
@@ -225,7 +226,6 @@ def cases(ops, dtype, scale=1):
 
 def tune_candidates(blocks_cls, pass_, args=()):
     """Block sizes to try: forward tiles for the forward pass, backward tiles (forward at its default) for fwd+bwd."""
-    from pallas_kernels.attention import kernel as attention_kernel
     if blocks_cls is attention_kernel.BlockSizes:  # around the defaults for q's (B, S, N, H); session 7's search
         s, h = args[0].shape[1], args[0].shape[3]
         d = attention_kernel.default_block_sizes(s, h)

@@ -203,6 +203,23 @@ def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major
     return pd, jnp.where(real, p * (dp - delta), 0.0)
 
 
+def _accumulate_dkdv(dk, dv, pd, ds, q, do, *, key_major):
+    """dV += Pd^T dO and dK += dS^T Q for one tile from `_grad_tile` (key-major tiles are the transposes already)."""
+    return (dk + pltriton.dot(ds.astype(q.dtype), q, trans_a=not key_major),
+            dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=not key_major))
+
+
+def _store_dkdv(refs, dk, dv):
+    """Write dK (already scaled) and dV: `refs` is (dk_ref, dv_ref), or (one block of the packed dQKV,) whose C = 1, 2
+    rows take them."""
+    if len(refs) == 2:
+        refs[0][...] = dk.astype(refs[0].dtype)
+        refs[1][...] = dv.astype(refs[1].dtype)
+    else:
+        refs[0][:, 1, :] = dk.astype(refs[0].dtype)
+        refs[0][:, 2, :] = dv.astype(refs[0].dtype)
+
+
 # ---------------------------------------------------------------------------------------------- kernels
 
 
@@ -254,27 +271,13 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
         keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate, key_major=key_major)
-        if key_major:
-            pd_t, ds_t = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
-                                    qk_scale=scale * _LOG2E, rate=rate, key_major=True)
-            return (dk + pltriton.dot(ds_t.astype(q.dtype), q), dv + pltriton.dot(pd_t.astype(do.dtype), do))
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
-                            qk_scale=scale * _LOG2E, rate=rate)
-        dv = dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=True)
-        dk = dk + pltriton.dot(ds.astype(q.dtype), q, trans_a=True)
-        return dk, dv
+                            qk_scale=scale * _LOG2E, rate=rate, key_major=key_major)
+        return _accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major)
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
     dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
-    dk = dk * scale  # d(q.k * scale)/dk = scale * q
-    if len(out_refs) == 2:
-        dk_ref, dv_ref = out_refs
-        dk_ref[...] = dk.astype(dk_ref.dtype)
-        dv_ref[...] = dv.astype(dv_ref.dtype)
-    else:
-        (dqkv_ref,) = out_refs
-        dqkv_ref[:, 1, :] = dk.astype(dqkv_ref.dtype)
-        dqkv_ref[:, 2, :] = dv.astype(dqkv_ref.dtype)
+    _store_dkdv(out_refs, dk * scale, dv)  # d(q.k * scale)/dk = scale * q
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *refs,
@@ -309,6 +312,7 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
     # rowsum(dO * O) is formed here too. dQ rows are final after their step (all keys seen) and stored at once.
     t_len, h = k_ref.shape
     s_len = q_ref.shape[0]
+    packed = len(out_refs) == 1
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
     k, v, code = k_ref[...], v_ref[...], code_ref[...]
 
@@ -319,36 +323,19 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
         q, do = q_ref[rows, :], do_ref[rows, :]
         delta = jnp.sum(o_ref[rows, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
         keep = _keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate, key_major=key_major)
-        if key_major:
-            pd_t, ds_t = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep,
-                                    qk_scale=scale * _LOG2E, rate=rate, key_major=True)
-            ds_t = ds_t.astype(k.dtype)
-            dq = pltriton.dot(ds_t, k, trans_a=True)
-            dv = dv + pltriton.dot(pd_t.astype(do.dtype), do)
-            dk = dk + pltriton.dot(ds_t, q)
+        pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * _LOG2E, rate=rate,
+                            key_major=key_major)
+        ds = ds.astype(k.dtype)
+        dq = (pltriton.dot(ds, k, trans_a=key_major) * scale).astype(out_refs[0].dtype)
+        if packed:
+            out_refs[0][rows, 0, :] = dq
         else:
-            pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * _LOG2E, rate=rate)
-            ds = ds.astype(k.dtype)
-            dq = pltriton.dot(ds, k)
-            dv = dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=True)
-            dk = dk + pltriton.dot(ds, q, trans_a=True)
-        dq = dq * scale
-        if len(out_refs) == 1:
-            out_refs[0][rows, 0, :] = dq.astype(out_refs[0].dtype)
-        else:
-            out_refs[0][rows, :] = dq.astype(out_refs[0].dtype)
-        return dk, dv
+            out_refs[0][rows, :] = dq
+        return _accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major)
 
     zeros = jnp.zeros((t_len, h), jnp.float32)
     dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
-    dk = dk * scale
-    if len(out_refs) == 1:
-        out_refs[0][:, 1, :] = dk.astype(out_refs[0].dtype)
-        out_refs[0][:, 2, :] = dv.astype(out_refs[0].dtype)
-    else:
-        out_refs[1][...] = dk.astype(out_refs[1].dtype)
-        out_refs[2][...] = dv.astype(out_refs[2].dtype)
-
+    _store_dkdv(out_refs if packed else out_refs[1:], dk * scale, dv)
 
 
 # ---------------------------------------------------------------------------------------------- pallas_calls
