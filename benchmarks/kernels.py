@@ -146,13 +146,6 @@ def cases(ops, dtype, scale=1):
                          "pallas": lambda q, k, v, kw=kw, m=mask, blocks=None: flash_attention(
                              q, k, v, m, **kw, block_sizes=blocks),
                          "pallas-unfused": lambda q, k, v, kw=kw, m=mask: unfused_attention(q, k, v, m, **kw)}
-                if not rate and bias_gelu_mgpu.supported():
-                    # JAX's own Mosaic GPU flash attention (jax.experimental.pallas.ops.gpu.attention_mgpu, Hopper+):
-                    # no key mask, no dropout, so only a speed bound for a Mosaic GPU version of ours (unchecked).
-                    from jax.experimental.pallas.ops.gpu import attention_mgpu
-                    cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=min(128, s_), max_concurrent_steps=2,
-                                                      block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-                    impls["jax-mgpu-nomask"] = lambda q, k, v, cfg=cfg: attention_mgpu.attention(q, k, v, cfg)
                 if not rate:
                     for impl in ("cudnn", "xla"):
                         impls[f"jax.nn.dpa-{impl}"] = (
@@ -161,6 +154,21 @@ def cases(ops, dtype, scale=1):
                                 implementation=impl))
                 out.append(("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
                             12 * size, attention_kernel.BlockSizes))
+            if bias_gelu_mgpu.supported():
+                # JAX's own Mosaic GPU flash attention (jax.experimental.pallas.ops.gpu.attention_mgpu, Hopper+): no
+                # key mask, no dropout, so only a speed bound for a Mosaic GPU version of ours (unchecked). Its
+                # scratch buffers are float16 (jax 0.11.2), so this row set runs on float16 inputs, ours beside it.
+                from jax.experimental.pallas.ops.gpu import attention_mgpu
+                cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=min(128, s_), max_concurrent_steps=2,
+                                                  block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+                kw = dict(seed=seed, rate=0.0)
+                impls = {"xla": lambda q, k, v, kw=kw, m=mask: attention(q, k, v, m, **kw),
+                         "pallas": lambda q, k, v, kw=kw, m=mask, blocks=None: flash_attention(
+                             q, k, v, m, **kw, block_sizes=blocks),
+                         "jax-mgpu-nomask": lambda q, k, v, cfg=cfg: attention_mgpu.attention(q, k, v, cfg)}
+                out.append(("attention", f"B{b} N{n} S{s_} H64 p=0.0 f16", impls,
+                            tuple(x.astype(jnp.float16) for x in (q, k, v)), 3, 4 * size, 12 * size,
+                            attention_kernel.BlockSizes))
     if "mlm_loss" in ops:
         # The MLM head's tied decoder + cross-entropy at BERT-large's masked rows per step (B64 x P20 at S=128,
         # B16 x P80 at S=512: 1280) and 4x that; V = 30522, D = 1024. The output is folded into h's shape

@@ -326,12 +326,18 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * _LOG2E, rate=rate,
                             key_major=key_major)
         ds = ds.astype(k.dtype)
-        dq = (pltriton.dot(ds, k, trans_a=key_major) * scale).astype(out_refs[0].dtype)
+        # The order below (dQ product, dV, dK, then the dQ store) is the one verified on the GPU. Issuing the dQ store
+        # before the dK/dV products and dK before dV (same math; interpret mode passes) gave a wrong dV, differently
+        # from run to run, compiled by Triton 3.6 on an H200 with key-major tiles (session 8, run 1): keep it.
+        dq = pltriton.dot(ds, k, trans_a=key_major)
+        dv = dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=not key_major)
+        dk = dk + pltriton.dot(ds, q, trans_a=not key_major)
+        dq = (dq * scale).astype(out_refs[0].dtype)
         if packed:
             out_refs[0][rows, 0, :] = dq
         else:
             out_refs[0][rows, :] = dq
-        return _accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major)
+        return dk, dv
 
     zeros = jnp.zeros((t_len, h), jnp.float32)
     dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
