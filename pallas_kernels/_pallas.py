@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jax.sharding import PartitionSpec as P
 
-from .dropout import keep_mask
+from .dropout import keep_mask_tile
 
 # The Triton lowering warns that it is deprecated each time a kernel is lowered; users should not see that once per
 # compiled step. Our kernels pick Triton on purpose (see DESIGN.md, Pallas backends).
@@ -56,15 +56,15 @@ def row_col_mask(first_row, block_rows: int, rows: int, width_p: int, width: int
     return r, c, (r < rows)[:, None] & (c < width)[None, :]
 
 
-def keep(seed_ref, rows, cols, width: int, rate: float):
-    """The dropout keep mask of a tile, the same hash as `pallas_kernels.dropout.keep_mask`.
+def keep(seed_ref, rows, first_col, n_cols: int, width: int, rate: float):
+    """The dropout keep mask of a (rows, n_cols) tile at columns first_col.., the same as
+    `pallas_kernels.dropout.keep_mask` (`keep_mask_tile`: one hash per two neighbouring elements where width is even).
 
     `seed_ref` holds uint32 [seed0, seed1, row_offset, 0]: the element index is (row_offset + row) * width + col in
     the logical (unsharded) tensor, so every batch shard draws its own mask and the kernel matches the reference.
     """
-    offset = seed_ref[2]
-    index = (rows.astype(jnp.uint32) + offset)[:, None] * jnp.uint32(width) + cols.astype(jnp.uint32)[None, :]
-    return keep_mask(seed_ref, index, rate)
+    return keep_mask_tile(seed_ref[0], seed_ref[1], rows.astype(jnp.uint32) + seed_ref[2], first_col, n_cols, width,
+                          rate)
 
 
 def seed_words(seed, row_offset=0, head_offset=0):

@@ -5,12 +5,15 @@ fused kernel and its reference draw the *same* mask, and a backward pass regener
 it. The seed is two uint32 words derived from a JAX key (the layer is folded into the key before), and the element
 index is the row-major position in the logical tensor.
 
-The hash is one MurmurHash3 32-bit finaliser over (index ^ seed0) * golden + seed1: 11 integer operations per
-element, a counter-based generator in the spirit of Philox/Squares, not a cryptographic one. One round, not two:
-inside the attention kernels the mask is drawn for every score three times (forward, dK/dV, dQ; twice with the
-one-kernel backward), where the hash is the largest cost besides the matrix products
-(benchmarks/results/kernels-h200.md); tests/test_ops.py checks the keep rate and the independence across seeds,
-layers and neighbouring elements.
+The hash is one MurmurHash3 32-bit finaliser over (pair ^ seed0) * golden + seed1 (10 integer operations), a
+counter-based generator in the spirit of Philox/Squares, not a cryptographic one. One hash serves two neighbouring
+elements: element i takes the low (i even) or high (i odd) 16 bits of the hash of pair i >> 1 and is kept when they
+are >= round(rate * 2^16), so the kept fraction is the configured rate to within 2^-17 (0.1 -> 6554 / 65536).
+Inside the attention kernels the mask is drawn for every score three times (forward, dK/dV, dQ; twice with the
+one-kernel backward), where the hash is the largest cost besides the matrix products: one hash per two scores, the
+halves interleaved on the tile's last axis (`keep_mask_tile`), took flash attention fwd+bwd at S = 512 from 377-387
+to 348 us (benchmarks/results/kernels-h200.md, session 8). tests/test_ops.py checks the keep rate and the
+independence across seeds, layers and neighbouring elements (pair mates included).
 """
 
 import jax
@@ -35,14 +38,44 @@ def hash_uint32(seed0, seed1, index):
     return _fmix32((index ^ seed0.astype(jnp.uint32)) * jnp.uint32(_GOLDEN) + seed1.astype(jnp.uint32))
 
 
+_BITS = 16  # hash bits per element: one 32-bit hash per pair of elements
+
+
 def keep_threshold(rate: float) -> int:
-    """An element is kept when its hash is >= this threshold, i.e. with probability 1 - rate."""
-    return min(int(round(rate * 2.0**32)), 2**32 - 1)
+    """An element is kept when its 16 hash bits are >= this threshold, i.e. with probability 1 - rate (to 2^-17)."""
+    return min(int(round(rate * 2.0**_BITS)), 2**_BITS)
+
+
+def _halves_keep(h, rate):
+    """(low-half keep, high-half keep) of uint32 hashes `h`: the masks of a pair's even and odd element."""
+    t = jnp.uint32(keep_threshold(rate))
+    return (h & jnp.uint32(0xFFFF)) >= t, (h >> _BITS) >= t
 
 
 def keep_mask(seed, index, rate: float):
-    """Boolean keep mask for elements `index` (uint32 array) under `seed` (uint32[2])."""
-    return hash_uint32(seed[0], seed[1], index) >= jnp.uint32(keep_threshold(rate))
+    """Boolean keep mask for elements `index` (uint32 array) under `seed` (uint32[2]): the reference, per element."""
+    index = index.astype(jnp.uint32)
+    lo, hi = _halves_keep(hash_uint32(seed[0], seed[1], index >> 1), rate)
+    return jnp.where((index & jnp.uint32(1)) == 1, hi, lo)
+
+
+def keep_mask_tile(seed0, seed1, row_index, first_col, n_cols: int, width: int, rate: float):
+    """`keep_mask` of a (rows, n_cols) tile of a row-major tensor `width` wide, for use inside kernels.
+
+    Element (i, j) has index row_index[i] * width + first_col + j (uint32, wrapping like the reference's arange).
+    When `width` and `n_cols` are even (`first_col` must then be even: a multiple of an even block), each hash is
+    drawn once for the pair (j, j + 1) and its halves are interleaved along the last axis (a stack on the last axis
+    and a reshape, which the Triton lowering supports): half the hashes of the per-element form. Otherwise per
+    element.
+    """
+    u32 = jnp.uint32
+    rows = row_index.astype(u32)[:, None] * u32(width)
+    if width % 2 or n_cols % 2:
+        return keep_mask((seed0, seed1), rows + (first_col + jnp.arange(n_cols, dtype=jnp.int32)).astype(u32), rate)
+    even = rows + (first_col + 2 * jnp.arange(n_cols // 2, dtype=jnp.int32)).astype(u32)[None, :]
+    h = hash_uint32(seed0, seed1, even >> 1)
+    bits = jnp.stack([h & u32(0xFFFF), h >> _BITS], axis=-1).reshape(row_index.shape[0], n_cols)  # as run on the GPU
+    return bits >= u32(keep_threshold(rate))
 
 
 def seed_from_key(key) -> jax.Array:

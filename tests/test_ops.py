@@ -38,6 +38,28 @@ def test_dropout_masks_independent_across_seeds_and_layers():
     assert abs(np.corrcoef(m[:-1], m[1:])[0, 1]) < 0.01
 
 
+def test_dropout_pair_mates_independent():
+    # One 32-bit hash serves elements 2i and 2i+1 (16 bits each): the mates must still be independent draws.
+    keep = np.asarray(dr.keep_mask(_seed(5), jnp.arange(1 << 20, dtype=jnp.uint32), 0.1)).astype(np.float32)
+    even, odd = keep[0::2], keep[1::2]
+    assert abs(np.corrcoef(even, odd)[0, 1]) < 0.01
+    # P(both dropped) = 0.01 for independent draws (2^19 pairs: standard error ~1.4e-4).
+    assert abs(((1 - even) * (1 - odd)).mean() - 0.01) < 1e-3
+
+
+@pytest.mark.parametrize(("width", "first_col", "n_cols", "rows"),
+                         [(768, 0, 1024, (0, 1, 7, 1000)), (512, 128, 64, (3, 4)), (7, 0, 8, (0, 1, 2)),
+                          (1024, 0, 1024, (4194303, 4194309, 2**31 - 1))])  # last: the uint32 index wraps
+def test_dropout_tile_mask_matches_per_element_mask(width, first_col, n_cols, rows):
+    # keep_mask_tile (one hash per pair, halves interleaved; per element where width is odd) is keep_mask.
+    seed = _seed(6)
+    rows = jnp.asarray(rows, jnp.uint32)
+    cols = jnp.uint32(first_col) + jnp.arange(n_cols, dtype=jnp.uint32)
+    want = dr.keep_mask(seed, rows[:, None] * jnp.uint32(width) + cols[None, :], 0.1)
+    got = dr.keep_mask_tile(seed[0], seed[1], rows, first_col, n_cols, width, 0.1)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_dropout_scales_kept_values():
     x = jax.random.normal(jax.random.key(1), (64, 128))
     y = dr.dropout(x, _seed(1), 0.25)

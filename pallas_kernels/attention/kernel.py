@@ -19,9 +19,9 @@ query block, looping over key blocks), or, where a program can hold all T keys (
 at T <= 128), one kernel per (b, n) that forms each query block's probabilities once for dV, dK and dQ together.
 With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
 
-Dropout: probability element (b, n, s, t) is kept iff hash_uint32(seed, ((b*N + n)*S + s)*T + t) >= threshold, the
-same uint32 arithmetic as `pallas_kernels.dropout` on the reference's BNST tensor, so the masks agree bit for bit.
-The backward regenerates the mask from the seed; it is never stored.
+Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
+((b*N + n)*S + s)*T + t of the reference's BNST tensor (one hash per two neighbouring keys, `keep_mask_tile`), so the
+masks agree bit for bit. The backward regenerates the mask from the seed; it is never stored.
 """
 
 import dataclasses
@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from .._pallas import compiler_params
-from ..dropout import hash_uint32, keep_threshold
+from ..dropout import keep_mask_tile
 
 _LOG2E = math.log2(math.e)
 _PADDED = float(jnp.finfo(jnp.float32).min)  # the score of a padded key, as in the reference softmax
@@ -164,19 +164,16 @@ def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate, key_major=Fa
     """Keep mask (block_q, block_k) of the tile at rows q_start.., keys k_start.. ((block_k, block_q) if key_major);
     None when dropout is off.
 
-    Index ((b*N + n)*S + s)*T + t in uint32 (wrapping as the reference's uint32 arange would).
+    Index ((b*N + n)*S + s)*T + t in uint32 (wrapping as the reference's uint32 arange would). Drawn row-major (one
+    hash per two neighbouring keys) and transposed for key-major tiles: measured faster than one hash per score in
+    the key-major orientation (session 8, keep_cost.py).
     """
     if drop is None:
         return None
     seed0, seed1, head_row = drop
-    u32 = jnp.uint32
-    rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(u32)
-    cols = (k_start + jnp.arange(block_k, dtype=jnp.int32)).astype(u32)
-    if key_major:
-        index = rows[None, :] * u32(t_len) + cols[:, None]
-    else:
-        index = rows[:, None] * u32(t_len) + cols[None, :]
-    return hash_uint32(seed0, seed1, index) >= u32(keep_threshold(rate))
+    rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(jnp.uint32)
+    keep = keep_mask_tile(seed0, seed1, rows, k_start, block_k, t_len, rate)
+    return keep.T if key_major else keep
 
 
 def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False):

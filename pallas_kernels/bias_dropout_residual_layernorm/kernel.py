@@ -53,7 +53,7 @@ def _h(x_ref, bias_ref, res_ref, seed_ref, m, r, c, *, width, rate):
         h = h + pk.load(bias_ref, c < width, 0.0).astype(jnp.float32)[None, :]
     keep = None
     if rate:
-        keep = pk.keep(seed_ref, r, c, width, rate)
+        keep = pk.keep(seed_ref, r, 0, c.shape[0], width, rate)
         h = jnp.where(keep, h / (1.0 - rate), 0.0)
     if res_ref is not None:
         h = h + pk.load(res_ref, m).astype(jnp.float32)

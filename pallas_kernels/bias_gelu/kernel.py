@@ -50,7 +50,7 @@ def _tile(x_ref, bias_ref, seed_ref, first_row, first_col, *, rows, width, rate,
     c = first_col + jnp.arange(block_cols, dtype=jnp.int32)
     m = (r < rows)[:, None] & (c < width)[None, :]
     h = pk.load(x_ref, m).astype(jnp.float32) + pk.load(bias_ref, c < width).astype(jnp.float32)[None, :]
-    keep = pk.keep(seed_ref, r, c, width, rate) if rate else None
+    keep = pk.keep(seed_ref, r, first_col, block_cols, width, rate) if rate else None
     return h, keep, m
 
 
