@@ -234,17 +234,10 @@ def cases(ops, dtype, scale=1):
 
 def tune_candidates(blocks_cls, pass_, args=()):
     """Block sizes to try: forward tiles for the forward pass, backward tiles (forward at its default) for fwd+bwd."""
-    if blocks_cls is attention_kernel.BlockSizes:  # around the defaults for q's (B, S, N, H); session 7's search
+    if blocks_cls is attention_kernel.BlockSizes:  # around the defaults for q's (B, S, N, H); the autotuner's list
         s, h = args[0].shape[1], args[0].shape[3]
         d = attention_kernel.default_block_sizes(s, h)
-        if pass_ == "fwd":
-            return [dataclasses.replace(d, block_q=min(bq, s), block_k=min(bk, s), num_warps=w, num_stages=st)
-                    for bq, bk, w, st in ((64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 2))]
-        pairs = [dataclasses.replace(d, fused_bwd=False, key_major=km, block_q_dkv=min(bq, s), block_k_dkv=min(bk, s),
-                                     num_warps_bwd=4) for km in (False, True) for bq, bk in ((32, 64), (64, 64))]
-        fused = [dataclasses.replace(d, fused_bwd=True, key_major=km, block_q_dkv=bq, num_warps_fused=w)
-                 for km in (False, True) for bq, w in ((16, 4), (32, 8), (64, 8))] if s <= 128 else []
-        return pairs + fused
+        return attention_kernel.candidate_block_sizes(d, s, h, stage="fwd" if pass_ == "fwd" else "bwd")
     d = blocks_cls()
     if blocks_cls in MGPU_BLOCKS.values():  # Mosaic GPU: rows per pipeline step, tiles in flight, programs
         rows = (1, 2, 4) if blocks_cls is bias_gelu_mgpu.Blocks else (4, 8)

@@ -4,6 +4,8 @@ import os
 
 # Must happen before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", "")
+# Kernels use their default block sizes in tests, never a user's autotune cache (tests/test_autotune.py sets its own).
+os.environ.setdefault("JAXFORMER_AUTOTUNE", "off")
 import jax  # noqa: E402
 
 try:

@@ -9,6 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .. import autotune
 from .._pallas import batch_shard_map, resolve_interpret, seed_words
 from ..softmax import scaled_masked_softmax
 from . import kernel
@@ -73,7 +74,7 @@ def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: b
     b, s, _, n, h = qkv.shape
     q = jax.ShapeDtypeStruct((b, s, n, h), qkv.dtype)  # only shapes are checked
     blocks, seed, rate, interpret = _prepare(q, q, q, mask, seed, rate, interpret, block_sizes, batch_offset,
-                                             head_offset)
+                                             head_offset, packed=True)
     heads = n if total_heads is None else int(total_heads)
     return _flash_qkv(qkv, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
 
@@ -99,20 +100,65 @@ def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do):
 _flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)
 
 
-def _prepare(q, k, v, mask, seed, rate, interpret, block_sizes, batch_offset, head_offset):
-    """Checked (blocks, seed words or None, rate, interpret) for the kernels, before anything compiles."""
+def _prepare(q, k, v, mask, seed, rate, interpret, block_sizes, batch_offset, head_offset, packed=False):
+    """Checked (blocks, seed words or None, rate, interpret) for the kernels, before anything compiles.
+
+    Without `block_sizes`: the autotuner's cached (or, with JAXFORMER_AUTOTUNE=tune, newly tuned) choice for these
+    shapes on this GPU, else `default_block_sizes` (`pallas_kernels.autotune`)."""
     rate = float(rate)
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"{rate=} must be in [0, 1)")
     interpret = resolve_interpret(interpret)
+    if seed is not None and rate > 0.0 and jnp.shape(seed) != (2,):
+        raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
+    if seed is None or rate == 0.0:  # static: the kernels are built without any dropout code
+        seed, rate = None, 0.0
     if block_sizes is None:
         block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1])
+        kernel.check_inputs(q, k, v, mask, block_sizes)  # bad shapes fail here, before any tuning
+        block_sizes = _tuned(block_sizes, q, k, rate, packed, interpret)
     kernel.check_inputs(q, k, v, mask, block_sizes)
-    if seed is None or rate == 0.0:  # static: the kernels are built without any dropout code
+    if seed is None:
         return block_sizes, None, 0.0, bool(interpret)
-    if jnp.shape(seed) != (2,):
-        raise ValueError(f"seed must be uint32[2]; got shape {jnp.shape(seed)}")
     return block_sizes, seed_words(seed, batch_offset, head_offset), rate, bool(interpret)
+
+
+def _tuned(default, q, k, rate, packed, interpret):
+    """`autotune.choose` for one flash attention call: forward tiles, then the backward's form and tiles, timed
+    forward+backward on random inputs of q's and k's shapes with random key lengths in [T/2, T]."""
+    b, s, n, h = q.shape
+    t, dtype = k.shape[1], jnp.dtype(q.dtype)
+
+    def make_bench():
+        keys = jax.random.split(jax.random.key(0), 4)
+        lengths = jax.random.randint(keys[3], (b, 1), t // 2, t + 1)
+        mask_ = jnp.arange(t)[None, :] < lengths
+        seed = jnp.array([1, 2], jnp.uint32) if rate else None
+        if packed:
+            args = (jax.random.normal(keys[0], (b, s, 3, n, h), jnp.float32).astype(dtype),)
+            fn = lambda blocks: lambda qkv: flash_attention_qkv(  # noqa: E731
+                qkv, mask_, seed=seed, rate=rate, block_sizes=blocks)
+        else:
+            args = tuple(jax.random.normal(keys[i], shape, jnp.float32).astype(dtype)
+                         for i, shape in enumerate([(b, s, n, h), (b, t, n, h), (b, t, n, h)]))
+            fn = lambda blocks: lambda q, k, v: flash_attention(  # noqa: E731
+                q, k, v, mask_, seed=seed, rate=rate, block_sizes=blocks)
+
+        def fwd_bwd(blocks):
+            def run(a):
+                y, vjp = jax.vjp(fn(blocks), *a)
+                return y, vjp(y)
+            return run
+
+        def step(blocks):
+            return lambda a: tuple(g.astype(x.dtype) for g, x in zip(fwd_bwd(blocks)(a)[1], a))
+
+        return step, args, lambda blocks: jax.jit(fwd_bwd(blocks))(args)
+
+    fields = dict(b=b, s=s, t=t, n=n, h=h, dtype=dtype.name, dropout=bool(rate), packed=packed)
+    stages = [lambda best: kernel.candidate_block_sizes(best, s, h, t, stage="fwd"),
+              lambda best: kernel.candidate_block_sizes(best, s, h, t, stage="bwd")]
+    return autotune.choose("flash_attention", fields, default, stages, make_bench, interpret=interpret)
 
 
 def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,

@@ -97,6 +97,25 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
     )
 
 
+def candidate_block_sizes(around: BlockSizes, s: int, h: int, t: int | None = None, *, stage: str):
+    """Block sizes to try around `around` (for the autotuner and `benchmarks/kernels.py --tune`): stage "fwd" the
+    forward tiles, "bwd" the backward's form (pair or one kernel, row- or key-major) and tiles; session 7's search
+    space. Every candidate fits S and T (`_fit`)."""
+    t = s if t is None else t
+    if stage == "fwd":
+        return [dataclasses.replace(around, block_q=_fit(bq, s), block_k=_fit(bk, t), num_warps=w, num_stages=st)
+                for bq, bk, w, st in ((128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3),
+                                      (128, 64, 4, 2))]
+    if stage != "bwd":
+        raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
+    pairs = [dataclasses.replace(around, fused_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
+                                 block_k_dkv=_fit(bk, t), num_warps_bwd=w)
+             for km in (False, True) for bq, bk, w in ((32, 64, 4), (64, 64, 4), (32, 32, 4), (64, 128, 8))]
+    fused = [dataclasses.replace(around, fused_bwd=True, key_major=km, block_q_dkv=_fit(bq, s), num_warps_fused=w)
+             for km in (False, True) for bq, w in ((16, 4), (32, 8), (64, 8))] if t <= 128 and _is_pow2(t) else []
+    return pairs + fused
+
+
 def _is_pow2(x: int) -> bool:
     return x >= 1 and x & (x - 1) == 0
 

@@ -1,0 +1,174 @@
+"""Block sizes tuned on the GPU at first use, and the choice cached on disk.
+
+Each kernel has a measured default table (`default_block_sizes` / `default_blocks`, tuned on an H200 for BERT's
+shapes). For other shapes or GPUs, `JAXFORMER_AUTOTUNE=tune` makes a kernel that meets a new key (GPU, jax version,
+operator, shapes, dtype, dropout on/off) while it is being traced time its candidate block sizes there and then:
+each candidate is compiled and run forward+backward on random inputs of those shapes, checked against the default's
+outputs (a candidate that fails to compile or disagrees is skipped, with a line saying so), and the fastest is kept
+and written to the cache file. Every later trace, in this process or another, reads it.
+
+    JAXFORMER_AUTOTUNE        cache (default): use cached choices, else the default table
+                              tune (or 1): also tune keys the cache lacks (progress on stderr)
+                              off (or 0): the default table only
+    JAXFORMER_AUTOTUNE_CACHE  the cache file (default ~/.cache/jaxformer/autotune.json)
+
+Nothing is tuned or read in interpret mode (CPU), nor tuned with more than one process (every process must compile
+the same kernels; a shared cache file written beforehand is still read). The cache is a JSON object {key: {"blocks":
+{field: value}, "us": time, "default_us": time}}, written atomically (a temporary file, then a rename).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+ENV_MODE = "JAXFORMER_AUTOTUNE"
+ENV_CACHE = "JAXFORMER_AUTOTUNE_CACHE"
+MODES = ("cache", "tune", "off")
+_ALIASES = {"": "cache", "1": "tune", "true": "tune", "0": "off", "false": "off"}
+
+
+def mode() -> str:
+    """The autotuning mode from $JAXFORMER_AUTOTUNE (see the module docstring)."""
+    raw = os.environ.get(ENV_MODE, "cache")
+    m = _ALIASES.get(raw.strip().lower(), raw.strip().lower())
+    if m not in MODES:
+        raise ValueError(f"{ENV_MODE}={raw!r} must be one of {', '.join(MODES)} (or 1 / 0)")
+    return m
+
+
+def cache_path() -> str:
+    return os.environ.get(ENV_CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "jaxformer", "autotune.json")
+
+
+def cache_key(op: str, **fields) -> str:
+    device = jax.devices()[0].device_kind
+    return f"{op}|{device}|jax {jax.__version__}|" + ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:  # unreadable or corrupt: tuned choices are an optimisation, never fatal
+        print(f"jaxformer autotune: ignoring the cache {path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return {}
+
+
+def _store(path: str, key: str, entry: dict) -> None:
+    """Merge `entry` under `key` into the cache file (re-read first, so concurrent writers lose at most a race)."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        data = _load(path)
+        data[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".autotune-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"jaxformer autotune: could not write the cache {path}: {e}", file=sys.stderr)
+
+
+def _from_fields(default, fields: dict):
+    names = {f.name for f in dataclasses.fields(default)}
+    return dataclasses.replace(default, **{k: v for k, v in fields.items() if k in names})
+
+
+def time_step(step: Callable, args: tuple, *, lengths=(2, 12), repeats: int = 5) -> float:
+    """Seconds per `step` (args -> args of the same shapes), from `n` steps chained in one jit (a `fori_loop`) for
+    the two `lengths`: (T(n2) - T(n1)) / (n2 - n1) cancels the launch overhead; median of `repeats`."""
+    runs = []
+    for n in lengths:
+        f = jax.jit(lambda a, n=n: jax.lax.fori_loop(0, n, lambda i, c: step(c), a))
+        jax.block_until_ready(f(args))
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(f(args))
+            times.append(time.perf_counter() - t)
+        runs.append(statistics.median(times))
+    return max((runs[1] - runs[0]) / (lengths[1] - lengths[0]), 1e-9)
+
+
+def _max_rel_err(got, want) -> float:
+    errs = [float(jnp.linalg.norm((g.astype(jnp.float32) - w.astype(jnp.float32)).ravel()) /
+                  (jnp.linalg.norm(w.astype(jnp.float32).ravel()) + 1e-30))
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    return max(errs, default=0.0)
+
+
+def choose(op: str, fields: dict, default, stages: Sequence[Callable], make_bench: Callable, *, interpret: bool,
+           tol: float = 2e-2, margin: float = 0.05):
+    """The block sizes to use for one kernel call: cached, tuned now, or `default` (see the module docstring).
+
+    `stages`: functions best -> candidate block sizes, tuned one after another (e.g. forward tiles, then the
+    backward's); `make_bench()` -> (step, args, outputs): `step(blocks)` maps args to args of the same shapes (a
+    forward+backward), `outputs(blocks)` gives what is compared with the default's (relative error < `tol`).
+    Called only when tuning. A candidate replaces the best so far only when faster by more than `margin`: on an
+    H200 at BERT's shapes the tuner's own timing preferred candidates 1.7% and 3.3% faster than the default table,
+    and the train step was 1.5% and 0.5% slower with them (kernels-h200.md, session 8), so a switch must clear 5%.
+    """
+    if interpret:
+        return default
+    m = mode()
+    if m == "off":
+        return default
+    path = cache_path()
+    key = cache_key(op, **fields)
+    hit = _load(path).get(key)
+    if isinstance(hit, dict) and isinstance(hit.get("blocks"), dict):
+        try:
+            return _from_fields(default, hit["blocks"])
+        except (TypeError, ValueError) as e:
+            print(f"jaxformer autotune: ignoring the cached entry {key}: {e}", file=sys.stderr)
+    if m != "tune":
+        return default
+    if jax.process_count() > 1:
+        print(f"jaxformer autotune: {op} not tuned with {jax.process_count()} processes (each must compile the "
+              "same kernels); tune on one process first, with the same cache file", file=sys.stderr)
+        return default
+    # In a fresh thread: JAX's trace state is per thread, so the candidates compile and run for real even while the
+    # caller is being traced (by jit, shard_map, a custom_vjp, ...), and no mesh context of the caller applies.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        best, best_t, default_t = pool.submit(_tune, op, default, stages, make_bench, tol, margin).result()
+    _store(path, key, {"blocks": dataclasses.asdict(best), "us": round(best_t * 1e6, 2),
+                       "default_us": round(default_t * 1e6, 2)})
+    print(f"jaxformer autotune: {op} {fields}: {best_t * 1e6:.1f} us (default {default_t * 1e6:.1f}), cached in "
+          f"{path}", file=sys.stderr)
+    return best
+
+
+def _tune(op, default, stages, make_bench, tol, margin):
+    step, args, outputs = make_bench()
+    want = outputs(default)
+    default_t = best_t = time_step(step(default), args)
+    best = default
+    for i, stage in enumerate(stages):
+        candidates = [c for c in dict.fromkeys(stage(best)) if c != best]
+        for j, c in enumerate(candidates):
+            tag = f"jaxformer autotune: {op} stage {i + 1}/{len(stages)}, candidate {j + 1}/{len(candidates)}"
+            try:
+                err = _max_rel_err(outputs(c), want)
+                if not err < tol:
+                    raise ValueError(f"relative error {err:.2e} against the default blocks' outputs")
+                t = time_step(step(c), args)
+            except Exception as e:  # noqa: BLE001 - a candidate that does not compile or disagrees is skipped
+                print(f"{tag}: skipped ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr, flush=True)
+                continue
+            print(f"{tag}: {t * 1e6:.1f} us (best {best_t * 1e6:.1f})", file=sys.stderr, flush=True)
+            if t < best_t * (1 - margin):  # a switch must clear the timing noise (see `choose`)
+                best, best_t = c, t
+    return best, best_t, default_t
