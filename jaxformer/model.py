@@ -8,7 +8,7 @@ a fused Pallas kernel. Parameters are stored in `param_dtype` (float32) and cast
 The encoder layer (post-LN, as in BERT):
 
     qkv  = x[BSD] @ w_qkv[CDNH] + b_qkv[CNH]                              (AIB)
-    ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM)
+    ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM; pallas: flash, adding b_qkv itself)
     x    = LN(x + dropout(ctx[BSNH] @ w_o[NHD] + b_o))                      (BDRLN)
     h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
     x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
@@ -111,9 +111,12 @@ class SelfAttention(nnx.Module):
         f, pallas = ops.select(cfg.kernels), ops.resolve(cfg.kernels) == "pallas"
         L = layer_ops.for_kernels(cfg.layout_config, pallas)
         x = constrain(lx.annotate(x, L.x), between_blocks=True)  # layer boundary: B over data/fsdp (S: see sharding)
-        qkv = constrain(layer_ops.qkv_projection(x, self.qkv_kernel[...], self.qkv_bias[...], L, dt))  # N: tensor
+        # Under the Pallas kernels flash attention adds the Q/K/V bias as it loads q, k, v (AIB fused).
+        bias = self.qkv_bias[...]
+        qkv = constrain(layer_ops.qkv_projection(x, self.qkv_kernel[...], None if pallas else bias, L, dt))  # N: TP
         rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-        ctx = layer_ops.attention(f, pallas, qkv, mask, L, seed=seeds[0], rate=rate)  # BSNH
+        ctx = layer_ops.attention(f, pallas, qkv, mask, L, seed=seeds[0], rate=rate,  # BSNH
+                                  qkv_bias=bias.astype(dt) if pallas else None)
         rate = 0.0 if deterministic else cfg.hidden_dropout_prob
         return layer_ops.attention_output(  # BSNH,NHD->BSD, then BDRLN
             f, ctx, self.out_kernel[...], self.out_bias[...], x, self.layer_norm.scale[...],

@@ -12,6 +12,7 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 | bias_gelu (BAD / BDRB)                          | bias_gelu.reference         | kernel_mgpu.py (Hopper+) / kernel.py |
 | attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash)          |
 | attention_qkv (the same on packed BSCNH q/k/v)  | attention.reference (**)    | attention kernel.py (flash, packed)  |
+| + the Q/K/V projection bias (AIB)               | XLA add after the GEMM      | inside flash at S <= 128, else XLA   |
 | mlm_cross_entropy (MLM decoder + softmax CE)    | mlm_loss.reference (logits) | mlm_loss chunked.py (*)              |
 
 (*) Not a Pallas kernel: a `lax.scan` over 16384-column vocabulary chunks (XLA's GEMMs) with a custom VJP that
@@ -20,7 +21,8 @@ materialised logits (kernels-h200.md). With the vocabulary split over `tensor` t
 (`MLMHead.cross_entropy`: a vocabulary-parallel cross-entropy).
 
 (**) `attention_qkv` slices the packed (B, S, 3, N, H) projection for the reference; the Pallas kernels read it in
-place and write one packed gradient. The encoder layer calls `attention_qkv` under pallas and `attention` (with
+place and write one packed gradient. Under pallas the layer passes the projection's bias to `attention_qkv(bias=)`:
+the kernels apply it where that measured faster (`BlockSizes.fold_bias`, with the one-kernel backward at S <= 128). The encoder layer calls `attention_qkv` under pallas and `attention` (with
 its layout arguments) under xla (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
 Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md. Mosaic GPU (Hopper) versions of

@@ -90,11 +90,11 @@ def test_backward_variants_match_reference(packed, fused, key_major):
     # The one-kernel backward (one program per (b, n) holding all T keys; dQ, dK, dV from one pass over the query
     # blocks) and the key-major tiles (of it and of the dK/dV kernel), with several query steps, dropout, a length
     # inside a block and an example with no real key; S != T. (The pair, row-major, runs in the tests above.)
-    blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major)
+    blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major, fold_bias=True)
     if packed:
         qkv = jax.random.normal(jax.random.key(17), (3, 64, 3, 2, 32), jnp.float32)
         g = jax.random.normal(jax.random.key(18), (3, 64, 2, 32), jnp.float32)
-        _check_packed(qkv, _mask([64, 37, 0], 64), g, rate=0.2, block_sizes=blocks)
+        _check_packed(qkv, _mask([64, 37, 0], 64), g, rate=0.2, block_sizes=blocks, bias=_packed_bias(qkv))
     else:
         q, k, v, g = _inputs(jax.random.key(19), 4, 64, 128, 2, 64, jnp.float32)
         _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, block_sizes=blocks)
@@ -143,35 +143,63 @@ def test_shape_errors_name_the_value():
     assert default_block_sizes(96, 32).block_q == 32  # defaults pick a power of two that divides S
 
 
-def _packed_value_and_vjp(fn, qkv, mask, g, seed, rate):
-    def run(qkv, g):
-        out, vjp = jax.vjp(lambda x: fn(x, mask, seed=seed, rate=rate), qkv)
+def _packed_value_and_vjp(fn, qkv, mask, g, seed, rate, bias=None):
+    """(context, dQKV) or, with a bias (3, N, H), (context, dQKV, dbias)."""
+    def run(qkv, g, bias):
+        if bias is None:
+            out, vjp = jax.vjp(lambda x: fn(x, mask, seed=seed, rate=rate), qkv)
+        else:
+            out, vjp = jax.vjp(lambda x, b: fn(x, mask, bias=b, seed=seed, rate=rate), qkv, bias)
         return (out, *vjp(g))
     with jax.default_matmul_precision("highest"):
-        return jax.jit(run)(qkv, g)
+        return jax.jit(run)(qkv, g, bias)
 
 
-def _check_packed(qkv, mask, g, *, rate, seed=1, **kw):
+def _packed_bias(qkv, key=21):
+    """A (3, N, H) Q/K/V bias of the size of qkv's values (float32, like the model's parameter)."""
+    return jax.random.normal(jax.random.key(key), (3, *qkv.shape[3:]), jnp.float32)
+
+
+def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, **kw):
     """flash_attention_qkv vs the reference on the C-slices of qkv (fp32 reference on the same inputs): the context
-    and the packed gradient, whose C = 0 part is written by the dQ kernel and C = 1, 2 by dK/dV."""
+    and the packed gradient, whose C = 0 part is written by the dQ kernel and C = 1, 2 by dK/dV; with `bias` also
+    its gradient (q's and v's parts; k's is zero up to rounding in both, so it is checked against dQKV's scale)."""
     seed = seed_from_key(jax.random.key(seed))
-    got = _packed_value_and_vjp(lambda *a, **k: flash_attention_qkv(*a, **k, **kw), qkv, mask, g, seed, rate)
-    ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g.astype(jnp.float32), seed, rate)
+    got = _packed_value_and_vjp(lambda *a, **k: flash_attention_qkv(*a, **k, **kw), qkv, mask, g, seed, rate, bias)
+    # The reference adds the bias in qkv's dtype, as the layer does (the kernels round q + bq alike).
+    ref_bias = None if bias is None else bias.astype(qkv.dtype).astype(jnp.float32)
+    ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g.astype(jnp.float32), seed, rate,
+                                ref_bias)
     tol = _TOL[qkv.dtype.type]
     assert got[0].dtype == qkv.dtype and got[1].dtype == qkv.dtype and got[1].shape == qkv.shape
     assert _rel_err(got[0], ref[0]) < tol
     for c in range(3):
         assert _rel_err(got[1][:, :, c], ref[1][:, :, c]) < tol, (c, _rel_err(got[1][:, :, c], ref[1][:, :, c]))
+    if bias is not None:
+        assert got[2].dtype == bias.dtype and got[2].shape == bias.shape
+        for c in (0, 2):
+            assert _rel_err(got[2][c], ref[2][c]) < tol, ("dbias", c, _rel_err(got[2][c], ref[2][c]))
+        scale = float(np.max(np.abs(np.asarray(ref[1], np.float32)))) * qkv.shape[1]
+        assert float(np.max(np.abs(np.asarray(got[2][1], np.float32)))) < tol * scale
 
 
-@pytest.mark.parametrize(("dtype", "rate"), [(jnp.float32, 0.0), (jnp.float32, 0.3), (jnp.bfloat16, 0.1)])
-def test_packed_qkv_matches_reference(dtype, rate):
-    # The packed (B, S, 3, N, H) entry point the encoder layer uses: q, k, v read in place, one packed dQKV.
+@pytest.mark.parametrize(("dtype", "rate", "bias"), [(jnp.float32, 0.0, None), (jnp.float32, 0.0, "kernels"),
+                                                     (jnp.float32, 0.3, "kernels"), (jnp.float32, 0.3, "xla"),
+                                                     (jnp.bfloat16, 0.1, None), (jnp.bfloat16, 0.1, "kernels")])
+def test_packed_qkv_matches_reference(dtype, rate, bias):
+    # The packed (B, S, 3, N, H) entry point the encoder layer uses: q, k, v read in place, one packed dQKV; with the
+    # projection's bias added inside the kernels (`fold_bias`: the one-kernel backward at S = 64 by default, the
+    # row-major dK/dV + dQ pair with _SMALL) or by XLA before them, and without.
     qkv = jax.random.normal(jax.random.key(8), (2, 64, 3, 2, 32), jnp.float32).astype(dtype)
     g = jax.random.normal(jax.random.key(9), (2, 64, 2, 32), jnp.float32).astype(dtype)
-    _check_packed(qkv, _mask([64, 23], 64), g, rate=rate, block_sizes=_SMALL if rate == 0.3 else None)
+    blocks = dataclasses.replace(_SMALL, fold_bias=bias == "kernels") if rate == 0.3 else None
+    assert default_block_sizes(64, 32).fold_bias and not default_block_sizes(512, 64).fold_bias
+    _check_packed(qkv, _mask([64, 23], 64), g, rate=rate, block_sizes=blocks,
+                  bias=None if bias is None else _packed_bias(qkv))
     with pytest.raises(ValueError, match=r"qkv must be \(B, S, 3, N, H\)"):
         flash_attention_qkv(qkv[:, :, :2], _mask([64, 23], 64))
+    with pytest.raises(ValueError, match=r"bias must be \(3, N, H\) = \(3, 2, 32\)"):
+        flash_attention_qkv(qkv, _mask([64, 23], 64), bias=jnp.zeros((3, 32)))
 
 
 def test_packed_qkv_under_a_mesh_equals_one_device():
@@ -181,13 +209,15 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
     qkv = jax.random.normal(jax.random.key(13), (4, 32, 3, 4, 16), jnp.float32)
     g = jax.random.normal(jax.random.key(15), (4, 32, 4, 16), jnp.float32)
     mask, seed = _mask([32, 20, 7, 32], 32), seed_from_key(jax.random.key(16))
-    want = _packed_value_and_vjp(flash_attention_qkv, qkv, mask, g, seed, 0.2)
+    bias = _packed_bias(qkv)  # replicated over the batch shards (its gradient summed), split with the heads
+    want = _packed_value_and_vjp(flash_attention_qkv, qkv, mask, g, seed, 0.2, bias)
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 3)
     with jax.set_mesh(mesh):
         put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
         got = _packed_value_and_vjp(sharded_flash_attention_qkv, put(qkv, P(("data", "fsdp"), None, None, "tensor")),
                                     put(mask, P(("data", "fsdp"))),
-                                    put(g, P(("data", "fsdp"), None, "tensor")), seed, 0.2)
+                                    put(g, P(("data", "fsdp"), None, "tensor")), seed, 0.2,
+                                    put(bias, P(None, "tensor")))
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
@@ -204,13 +234,14 @@ def _gpu_blocks(s, variant):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("rate", [0.0, 0.1])
 @pytest.mark.parametrize(("s", "variant"), _GPU_CASES)
-def test_packed_compiled_matches_reference_on_gpu(s, variant, rate):
+def test_packed_compiled_matches_reference_on_gpu(s, variant, rate, with_bias):
     qkv = jax.random.normal(jax.random.key(10), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
     g = jax.random.normal(jax.random.key(11), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
     _check_packed(qkv, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, interpret=False,
-                  block_sizes=_gpu_blocks(s, variant))
+                  block_sizes=_gpu_blocks(s, variant), bias=_packed_bias(qkv) if with_bias else None)
 
 
 @pytest.mark.gpu

@@ -47,19 +47,21 @@ def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, inte
     return batch_shard_map(run, n_batched=4, head_dims=(2, 2, 2, None), out_head_dim=2)(q, k, v, mask, seed)
 
 
-def sharded_flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
-                                block_sizes: BlockSizes | None = None):
-    """`flash_attention_qkv` per batch shard (and head shard over `tensor`), as `sharded_flash_attention`."""
+def sharded_flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0,
+                                interpret: bool | None = None, block_sizes: BlockSizes | None = None):
+    """`flash_attention_qkv` per batch shard (and head shard over `tensor`), as `sharded_flash_attention`; the bias
+    (3, N, H) is replicated over the batch shards (its gradient summed over them) and split with the heads."""
     heads = qkv.shape[3]
 
-    def run(offset, head_offset, qkv, mask, seed):
-        return flash_attention_qkv(qkv, mask, seed=seed, rate=rate, interpret=interpret, block_sizes=block_sizes,
-                                   batch_offset=offset, head_offset=head_offset, total_heads=heads)
+    def run(offset, head_offset, qkv, mask, bias, seed):
+        return flash_attention_qkv(qkv, mask, bias=bias, seed=seed, rate=rate, interpret=interpret,
+                                   block_sizes=block_sizes, batch_offset=offset, head_offset=head_offset,
+                                   total_heads=heads)
 
-    return batch_shard_map(run, n_batched=2, head_dims=(3, None, None), out_head_dim=2)(qkv, mask, seed)
+    return batch_shard_map(run, n_batched=2, head_dims=(3, None, 1, None), out_head_dim=2)(qkv, mask, bias, seed)
 
 
-def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
+def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, interpret: bool | None = None,
                         block_sizes: BlockSizes | None = None, batch_offset=0, head_offset=0,
                         total_heads: int | None = None):
     """`flash_attention` of the packed projection qkv (B, S, 3, N, H) (C = q, k, v): context (B, S, N, H).
@@ -67,16 +69,44 @@ def flash_attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0, interpret: b
     The kernels read q, k and v in place and the backward writes one packed dQKV (B, S, 3, N, H), so the fused QKV
     projection's [B*S, 3*N*H] GEMM output and its gradient need no slices, concatenation or transposes around the
     kernels (they cost 88 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
+    `bias` (3, N, H), optional: the projection's bias; the result is `attention_qkv(qkv + bias)` (the add rounded in
+    qkv's dtype). With `block_sizes.fold_bias` (the default where the backward is one kernel) the kernels apply it
+    themselves, so the projection's output is never rewritten with it (AIB fused); else XLA adds it before them.
+    Differentiable: its gradient is dQKV summed over B and S.
     Same mask, dropout and other arguments as `flash_attention`.
     """
     if qkv.ndim != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be (B, S, 3, N, H); got {qkv.shape=}")
     b, s, _, n, h = qkv.shape
+    if bias is not None and tuple(bias.shape) != (3, n, h):
+        raise ValueError(f"bias must be (3, N, H) = {(3, n, h)} for {qkv.shape=}; got {bias.shape=}")
     q = jax.ShapeDtypeStruct((b, s, n, h), qkv.dtype)  # only shapes are checked
     blocks, seed, rate, interpret = _prepare(q, q, q, mask, seed, rate, interpret, block_sizes, batch_offset,
                                              head_offset, packed=True)
     heads = n if total_heads is None else int(total_heads)
-    return _flash_qkv(qkv, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
+    if bias is not None and not blocks.fold_bias:  # XLA adds it (see `BlockSizes.fold_bias`)
+        qkv, bias = _add_bias(qkv, bias), None
+    if bias is None:
+        return _flash_qkv(qkv, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
+    return _flash_qkv_bias(qkv, bias, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
+
+
+@jax.custom_vjp
+def _add_bias(qkv, bias):
+    """qkv + bias (3, N, H), the bias rounded to qkv's dtype and the sum rounded once, as the kernels apply it; the
+    bias gradient sums dQKV in fp32 like theirs (autodiff of a bf16 add would sum in bf16: 2% off at 2048 rows)."""
+    return (qkv.astype(jnp.float32) + bias.astype(qkv.dtype).astype(jnp.float32)).astype(qkv.dtype)
+
+
+def _add_bias_fwd(qkv, bias):
+    return _add_bias(qkv, bias), bias
+
+
+def _add_bias_bwd(bias, g):
+    return g, jnp.sum(g.astype(jnp.float32), axis=(0, 1)).astype(bias.dtype)
+
+
+_add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -84,20 +114,39 @@ def _flash_qkv(qkv, code, seed, rate, interpret, blocks, heads):
     return _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads)[0]
 
 
-def _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads):
+def _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias=None):
     out, lse = kernel.forward(qkv, qkv, qkv, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
-                              packed=True)
+                              packed=True, bias=None if bias is None else bias.astype(qkv.dtype))
     return out, (qkv, code, seed, out, lse)
 
 
-def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do):
+def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias=None):
     qkv, code, seed, out, lse = res
     dqkv = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                           heads=heads, packed=True)
+                           heads=heads, packed=True, bias=None if bias is None else bias.astype(qkv.dtype))
     return dqkv, None, None
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _flash_qkv_bias(qkv, bias, code, seed, rate, interpret, blocks, heads):
+    return _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias)[0]
+
+
+def _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, blocks, heads):
+    out, res = _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias)
+    return out, (res, bias)
+
+
+def _flash_qkv_bias_bwd(rate, interpret, blocks, heads, res, do):
+    res, bias = res
+    dqkv, _, _ = _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias)
+    # The bias was added to every (b, s) row of qkv: its gradient sums dQKV over them (in fp32, as XLA would).
+    dbias = jnp.sum(dqkv.astype(jnp.float32), axis=(0, 1)).astype(bias.dtype)
+    return dqkv, dbias, None, None
+
+
 _flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)
+_flash_qkv_bias.defvjp(_flash_qkv_bias_fwd, _flash_qkv_bias_bwd)
 
 
 def _prepare(q, k, v, mask, seed, rate, interpret, block_sizes, batch_offset, head_offset, packed=False):

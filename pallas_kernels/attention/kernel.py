@@ -64,6 +64,10 @@ class BlockSizes:
     # Backward tiles key-major, (keys, queries) instead of (queries, keys), in the dK/dV and one-kernel backward: the
     # dK and dV products then have the key block, not the query block, as their rows (M of the matrix unit).
     key_major: bool = False
+    # `flash_attention_qkv(bias=)`: add the Q/K/V bias inside the kernels (True) or by XLA before them (False).
+    # Measured per backward form on an H200 (kernels-h200.md, session 8): the train step +2.3% with the one-kernel
+    # backward (S=128), -1% with the dK/dV + dQ pair (S=512), so the default follows `fused_bwd`.
+    fold_bias: bool = False
 
 
 def _fit(cap: int, n: int) -> int:
@@ -93,7 +97,7 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
         block_q_dkv=_fit(32 if fused or wide else 64, s), block_k_dkv=_fit(64, t),
         block_q_dq=_fit(64, s), block_k_dq=_fit(32, t),
         num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
-        fused_bwd=fused, key_major=not wide,
+        fused_bwd=fused, key_major=not wide, fold_bias=fused,
     )
 
 
@@ -156,6 +160,31 @@ def mask_code(mask):
 # ---------------------------------------------------------------------------------------------- shared tile math
 
 
+# The Q/K/V projection's bias (AIB), folded into the kernels instead of a pass over the projection's output. Adding
+# it to a tile loaded inside a loop, between the load and its `dot`, slowed every kernel (session 6, reverted), so
+# only tiles loaded once per program get it added (`_biased`); the rest follows from exact identities:
+# - k's bias adds q.bk to every score of a query row: softmax is invariant to that, so it is left out everywhere
+#   (its gradient, a sum of dK, is zero up to rounding: the rows of dS sum to zero);
+# - v's bias adds rowsum(P * D) bv to the output (the forward accumulates that row sum, `ld`), and dO.bv to every
+#   dP of a query row (`_grad_tile(cq=)`);
+# - q's bias adds bq.k_t to every score of key t (`_grad_tile(kb=)`), and colsum(dS) bq to dK.
+
+
+def _biased(x, bias_ref):
+    """A tile loaded once per program plus its head's bias (H,): added in fp32 and rounded to the tile's dtype, as
+    XLA's bf16 add of the bias to the projection rounds it."""
+    if bias_ref is None:
+        return x
+    return (x.astype(jnp.float32) + bias_ref[...].astype(jnp.float32)[None, :]).astype(x.dtype)
+
+
+def _bias_dot(x, bias_ref):
+    """x (rows, H) . bias (H,) in fp32, per row; None without a bias."""
+    if bias_ref is None:
+        return None
+    return jnp.sum(x.astype(jnp.float32) * bias_ref[...].astype(jnp.float32)[None, :], axis=1)
+
+
 def _scores(q, k, code, qk_scale):
     """Masked base-2 scores (block_q, block_k) in fp32."""
     s = pltriton.dot(q, k, trans_b=True) * qk_scale
@@ -195,19 +224,26 @@ def _keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate, key_major=Fa
     return keep.T if key_major else keep
 
 
-def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False):
+def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False, kb=None, cq=None):
     """(dropped probabilities for dV, dS w.r.t. the natural-log scores) of one tile; FlashAttention-2 Alg. 2.
 
     With D = keep / (1 - rate): O = (P*D) V, so dP = D * (dO V^T) and dS = P * (dP - rowsum(P * dP)), where
     rowsum(P * dP) = rowsum(dO * O) = delta still holds with dropout. Tiles are (block_q, block_k), or with
     `key_major` their transposes (Pd^T, dS^T) from k @ q^T and v @ dO^T (`keep` from `_keep(..., key_major=True)`).
+    `kb` (per key) is added to the raw scores and `cq` (per query) to dO V^T: the q and v biases (see above).
     """
     if key_major:  # per-key values run down the rows, per-query values along them
         s, dp = pltriton.dot(k, q, trans_b=True), pltriton.dot(v, do, trans_b=True)
         code, lse, delta = code[:, None], lse[None, :], delta[None, :]
+        kb, cq = (None if kb is None else kb[:, None]), (None if cq is None else cq[None, :])
     else:
         s, dp = pltriton.dot(q, k, trans_b=True), pltriton.dot(do, v, trans_b=True)
         code, lse, delta = code[None, :], lse[:, None], delta[:, None]
+        kb, cq = (None if kb is None else kb[None, :]), (None if cq is None else cq[:, None])
+    if kb is not None:
+        s = s + kb
+    if cq is not None:
+        dp = dp + cq
     real = code > 0
     p = jnp.exp2(jnp.where(real, s * qk_scale, jnp.where(code == 0, _PADDED, 0.0)) - lse)  # as `_scores`
     pd = p
@@ -217,6 +253,13 @@ def _grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major
         dp = jnp.where(keep, dp * inv_keep, 0.0)
     # The reference's `where` passes no gradient to padded keys; only all-padded examples (code -1) have p != 0 there.
     return pd, jnp.where(real, p * (dp - delta), 0.0)
+
+
+def _dk_with_bias(dk, ds_sum, qb_ref):
+    """dK = sum_s dS_st (q_s + bq) = (dS^T Q)_t + colsum(dS)_t bq (before the score scale)."""
+    if qb_ref is None:
+        return dk
+    return dk + ds_sum[:, None] * qb_ref[...].astype(jnp.float32)[None, :]
 
 
 def _accumulate_dkdv(dk, dv, pd, ds, q, do, *, key_major):
@@ -239,17 +282,20 @@ def _store_dkdv(refs, dk, dv):
 # ---------------------------------------------------------------------------------------------- kernels
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, o_ref, lse_ref, *, scale, block_k, heads, s_len, rate):
-    # q_ref (block_q, H); k_ref, v_ref (T, H); code_ref (T,); o_ref (block_q, H); lse_ref (block_q,)
+def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, lse_ref, *, scale, block_k, heads,
+                s_len, rate):
+    # q_ref (block_q, H); k_ref, v_ref (T, H); qb_ref, vb_ref (H,) q and v biases or None; code_ref (T,);
+    # o_ref (block_q, H); lse_ref (block_q,)
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
     qk_scale = scale * _LOG2E
-    q = q_ref[...]
+    q = _biased(q_ref[...], qb_ref)
+    kept_sum = vb_ref is not None and seed_ref is not None  # v's bias needs rowsum(P * keep): l only without dropout
 
     def body(j, carry):  # online softmax over key blocks (FlashAttention-2 Alg. 1), unnormalised accumulator
-        acc, m, l = carry
+        acc, m, l, ld = carry
         k_start = pl.multiple_of(j * block_k, block_k)
         kv = pl.ds(k_start, block_k)
         s = _scores(q, k_ref[kv, :], code_ref[kv], qk_scale)
@@ -260,43 +306,50 @@ def _fwd_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, o_ref, lse_ref, *, scal
         keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
         if keep is not None:  # dropout is linear, so it may drop unnormalised terms; 1/(1-rate) comes at the end
             p = jnp.where(keep, p, 0.0)
+        if kept_sum:
+            ld = alpha * ld + jnp.sum(p, axis=1)
         v = v_ref[kv, :]
-        return alpha[:, None] * acc + pltriton.dot(p.astype(v.dtype), v), m_new, l
+        return alpha[:, None] * acc + pltriton.dot(p.astype(v.dtype), v), m_new, l, ld
 
-    init = (jnp.zeros((block_q, h), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
-            jnp.zeros((block_q,), jnp.float32))
-    acc, m, l = lax.fori_loop(0, t_len // block_k, body, init)
+    zeros = jnp.zeros((block_q,), jnp.float32)
+    init = (jnp.zeros((block_q, h), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32), zeros, zeros)
+    acc, m, l, ld = lax.fori_loop(0, t_len // block_k, body, init)
+    if vb_ref is not None:  # sum_t p_t keep_t (v_t + bv) = acc + (kept row sum) bv
+        acc = acc + (ld if kept_sum else l)[:, None] * vb_ref[...].astype(jnp.float32)[None, :]
     inv = (1.0 / (1.0 - rate)) / l if seed_ref is not None else 1.0 / l
     o_ref[...] = (acc * inv[:, None]).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
+def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
                  scale, block_q, heads, t_len, rate, key_major=False):
-    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,);
+    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
     # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV (C = 1, 2 written here)
     block_k, h = k_ref.shape
     s_len = q_ref.shape[0]
     k_start = pl.program_id(0) * block_k
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
-    k, v, code = k_ref[...], v_ref[...], code_ref[...]
+    k, v, code = k_ref[...], _biased(v_ref[...], vb_ref), code_ref[...]
+    kb = _bias_dot(k, qb_ref)  # q's bias: bq.k_t added to every score of key t
 
     def body(i, carry):  # dV = sum_i Pd_i^T dO_i, dK = sum_i dS_i^T Q_i over query blocks
-        dk, dv = carry
+        dk, dv, ds_sum = carry
         q_start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
         keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate, key_major=key_major)
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
-                            qk_scale=scale * _LOG2E, rate=rate, key_major=key_major)
-        return _accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major)
+                            qk_scale=scale * _LOG2E, rate=rate, key_major=key_major, kb=kb)
+        if kb is not None:
+            ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
+        return *_accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major), ds_sum
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
-    dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
-    _store_dkdv(out_refs, dk * scale, dv)  # d(q.k * scale)/dk = scale * q
+    dk, dv, ds_sum = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros, jnp.zeros((block_k,), jnp.float32)))
+    _store_dkdv(out_refs, _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)  # d(q.k * scale)/dk = scale * q
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *refs,
+def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *refs,
                scale, block_k, heads, s_len, rate):
     # q_ref, do_ref, dq_ref (block_q, H); lse_ref, delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,);
     # refs: (dq_ref,), or (the packed dQKV as an aliased input, unread; dq_ref = its C = 0 block)
@@ -305,7 +358,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_r
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
-    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    q, do, lse, delta = _biased(q_ref[...], qb_ref), do_ref[...], lse_ref[...], delta_ref[...]
+    cq = _bias_dot(do, vb_ref)  # v's bias: dO_s.bv added to every dP of query s
 
     def body(j, dq):  # dQ = sum_j dS_j K_j over key blocks
         k_start = pl.multiple_of(j * block_k, block_k)
@@ -313,14 +367,14 @@ def _dq_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, delta_r
         k = k_ref[kv, :]
         keep = _keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
         _, ds = _grad_tile(q, k, v_ref[kv, :], do, code_ref[kv], lse, delta, keep,
-                           qk_scale=scale * _LOG2E, rate=rate)
+                           qk_scale=scale * _LOG2E, rate=rate, cq=cq)
         return dq + pltriton.dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
+def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
                       scale, block_q, heads, rate, key_major=False):
     # One program per (b, n) with all T keys: q_ref, do_ref, o_ref (S, H); lse_ref (S,); k_ref, v_ref (T, H);
     # code_ref (T,); out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV.
@@ -330,17 +384,20 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
     s_len = q_ref.shape[0]
     packed = len(out_refs) == 1
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
-    k, v, code = k_ref[...], v_ref[...], code_ref[...]
+    k, v, code = k_ref[...], _biased(v_ref[...], vb_ref), code_ref[...]
+    kb = _bias_dot(k, qb_ref)  # q's bias, as in the dK/dV kernel
 
     def body(i, carry):
-        dk, dv = carry
+        dk, dv, ds_sum = carry
         q_start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
         delta = jnp.sum(o_ref[rows, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
         keep = _keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate, key_major=key_major)
         pd, ds = _grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * _LOG2E, rate=rate,
-                            key_major=key_major)
+                            key_major=key_major, kb=kb)
+        if kb is not None:
+            ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
         ds = ds.astype(k.dtype)
         # The order below (dQ product, dV, dK, then the dQ store) is the one verified on the GPU. Issuing the dQ store
         # before the dK/dV products and dK before dV (same math; interpret mode passes) gave a wrong dV, differently
@@ -353,11 +410,11 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, code_ref, seed_ref, do_ref, lse_ref, 
             out_refs[0][rows, 0, :] = dq
         else:
             out_refs[0][rows, :] = dq
-        return dk, dv
+        return dk, dv, ds_sum
 
     zeros = jnp.zeros((t_len, h), jnp.float32)
-    dk, dv = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros))
-    _store_dkdv(out_refs if packed else out_refs[1:], dk * scale, dv)
+    dk, dv, ds_sum = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros, jnp.zeros((t_len,), jnp.float32)))
+    _store_dkdv(out_refs if packed else out_refs[1:], _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)
 
 
 # ---------------------------------------------------------------------------------------------- pallas_calls
@@ -375,6 +432,19 @@ def _qkv_spec(packed: bool, c: int, rows: int, h: int, row_block):
     return pl.BlockSpec((None, rows, None, h), lambda i, b_, n_: (b_, row_block(i), n_, 0))
 
 
+def _bias_specs(bias):
+    """BlockSpecs of the q and v biases: the (H,) rows C = 0 and 2 of bias (3, N, H) at the program's head n (k's
+    bias is never read: see the shared tile math); two Nones without a bias (Pallas drops None operands)."""
+    if bias is None:
+        return [None, None]
+    h = bias.shape[-1]
+    return [pl.BlockSpec((None, None, h), lambda i, b_, n_, c=c: (c, n_, 0)) for c in (0, 2)]
+
+
+def _bias_args(bias):
+    return (None, None) if bias is None else (bias, bias)
+
+
 def _shapes(q, k, packed: bool):
     """(B, S, N, H, T) of unpacked q (B, S, N, H), k (B, T, N, H), or of packed qkv (B, S, 3, N, H)."""
     if packed:
@@ -385,12 +455,13 @@ def _shapes(q, k, packed: bool):
 
 
 def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool, heads: int | None = None,
-            packed: bool = False):
+            packed: bool = False, bias=None):
     """Context (B, S, N, H) in q's dtype and the fp32 base-2 logsumexp (B, N, S).
 
     `code` from `mask_code`; `seed` from `seed_words`, or None for no dropout (the kernel then has no dropout code).
     `heads`: the total head count of the dropout index when q holds a tensor-parallel shard of them (default N).
     `packed`: q, k and v are the same (B, S, 3, N, H) array (C = q, k, v), read in place (no slices).
+    `bias`: None, or the (3, N, H) Q/K/V projection bias, added to q, k and v as the kernels load them (AIB fused).
     """
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
@@ -400,24 +471,25 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
         functools.partial(_fwd_kernel, scale=h**-0.5, block_k=blocks.block_k, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
         in_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), _qkv_spec(packed, 1, t, h, lambda i: 0),
-                  _qkv_spec(packed, 2, t, h, lambda i: 0), pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)),
-                  _seed_spec(seed)],
+                  _qkv_spec(packed, 2, t, h, lambda i: 0), *_bias_specs(bias),
+                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed)],
         out_specs=[out_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
         out_shape=[jax.ShapeDtypeStruct((b, s, n, h), q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
         compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret, name="flash_attention_fwd",
-    )(q, k, v, code, seed)
+    )(q, k, v, *_bias_args(bias), code, seed)
 
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool,
-             heads: int | None = None, packed: bool = False):
-    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` as in `forward`. `packed` (q, k, v one (B, S, 3, N, H)
-    array): the packed dQKV (B, S, 3, N, H), written in place by both kernels (no concatenation)."""
+             heads: int | None = None, packed: bool = False, bias=None):
+    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` and `bias` as in `forward` (the bias gradient, a sum of
+    dQKV, is the caller's). `packed` (q, k, v one (B, S, 3, N, H) array): the packed dQKV (B, S, 3, N, H), written
+    in place by both kernels (no concatenation)."""
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                               heads=heads, packed=packed)
+                               heads=heads, packed=packed, bias=bias)
     # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
 
@@ -436,12 +508,13 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
                           key_major=blocks.key_major),
         grid=(t // bk, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
-                  _qkv_spec(packed, 2, bk, h, lambda j: j), pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)),
-                  _seed_spec(seed), seq_full, stat_full, stat_full],
+                  _qkv_spec(packed, 2, bk, h, lambda j: j), *_bias_specs(bias),
+                  pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), _seed_spec(seed), seq_full, stat_full,
+                  stat_full],
         out_specs=dkdv_specs, out_shape=dkdv_shapes,
         compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dkdv",
-    )(q, k, v, code, seed, do, lse, delta)
+    )(q, k, v, *_bias_args(bias), code, seed, do, lse, delta)
 
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
@@ -452,22 +525,23 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
         in_specs=[dq_spec, _qkv_spec(packed, 1, t, h, lambda i: 0), _qkv_spec(packed, 2, t, h, lambda i: 0),
-                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed), row_block, stat_block,
-                  stat_block] + ([dq_spec] if packed else []),
+                  *_bias_specs(bias), pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed),
+                  row_block, stat_block, stat_block] + ([dq_spec] if packed else []),
         out_specs=dq_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        input_output_aliases={(8 if seed is not None else 7): 0} if packed else {},  # flat index: a None seed drops
+        # the aliased operand's flat index: None operands (seed, biases) are dropped
+        input_output_aliases={7 + (seed is not None) + 2 * (bias is not None): 0} if packed else {},
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
-    )(q, k, v, code, seed, do, lse, delta, *extra)
+    )(q, k, v, *_bias_args(bias), code, seed, do, lse, delta, *extra)
     if packed:
         return dq
     dk, dv = dkdv
     return dq, dk, dv
 
 
-def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed):
+def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None):
     """`backward` as one kernel per (b, n) (`BlockSizes.fused_bwd`): grid (1, B, N), every block spans S or T."""
     b, s, n, h, t = _shapes(q, k, packed)
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
@@ -483,11 +557,11 @@ def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret,
                           key_major=blocks.key_major),
         grid=(1, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, t, h, lambda j: 0),
-                  _qkv_spec(packed, 2, t, h, lambda j: 0), pl.BlockSpec((None, t), lambda j, b_, n_: (b_, 0)),
-                  _seed_spec(seed), seq_full, pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)),
-                  seq_full],
+                  _qkv_spec(packed, 2, t, h, lambda j: 0), *_bias_specs(bias),
+                  pl.BlockSpec((None, t), lambda j, b_, n_: (b_, 0)), _seed_spec(seed), seq_full,
+                  pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)), seq_full],
         out_specs=out_specs, out_shape=out_shapes,
         compiler_params=compiler_params(blocks.num_warps_fused, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_bwd_fused",
-    )(q, k, v, code, seed, do, lse, o)
+    )(q, k, v, *_bias_args(bias), code, seed, do, lse, o)
     return grads[0] if packed else tuple(grads)

@@ -19,6 +19,9 @@ def attention(q, k, v, mask, *, seed=None, rate: float = 0.0, qkv_layout: str = 
     return jnp.einsum(f"{scores_layout},{kv_layout}->{ctx_layout}", probs, v)
 
 
-def attention_qkv(qkv, mask, *, seed=None, rate: float = 0.0):
-    """`attention` of the packed projection qkv (B, S, 3, N, H) (C = q, k, v): context (B, S, N, H)."""
+def attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0):
+    """`attention` of the packed projection qkv (B, S, 3, N, H) (C = q, k, v), plus its optional bias (3, N, H)
+    (added in qkv's dtype): context (B, S, N, H)."""
+    if bias is not None:
+        qkv = qkv + bias.astype(qkv.dtype)
     return attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], mask, seed=seed, rate=rate)
