@@ -140,12 +140,15 @@ def cases(ops, dtype, scale=1):
             lengths = jax.random.randint(key[3], (b,), s_ // 2, s_ + 1)
             mask = jnp.arange(s_)[None, :] < lengths[:, None]
             size = b * s_ * n * 64 * item
-            for rate in (0.1, 0.0):
+
+            def ours(rate, m=mask):
+                """The XLA reference and our flash attention at this dropout rate."""
                 kw = dict(seed=seed, rate=rate)
-                impls = {"xla": lambda q, k, v, kw=kw, m=mask: attention(q, k, v, m, **kw),
-                         "pallas": lambda q, k, v, kw=kw, m=mask, blocks=None: flash_attention(
-                             q, k, v, m, **kw, block_sizes=blocks),
-                         "pallas-unfused": lambda q, k, v, kw=kw, m=mask: unfused_attention(q, k, v, m, **kw)}
+                return {"xla": lambda q, k, v: attention(q, k, v, m, **kw),
+                        "pallas": lambda q, k, v, blocks=None: flash_attention(q, k, v, m, **kw, block_sizes=blocks)}
+            for rate in (0.1, 0.0):
+                impls = {**ours(rate), "pallas-unfused": lambda q, k, v, m=mask, rate=rate: unfused_attention(
+                    q, k, v, m, seed=seed, rate=rate)}
                 if not rate:
                     for impl in ("cudnn", "xla"):
                         impls[f"jax.nn.dpa-{impl}"] = (
@@ -161,10 +164,7 @@ def cases(ops, dtype, scale=1):
                 from jax.experimental.pallas.ops.gpu import attention_mgpu
                 cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=min(128, s_), max_concurrent_steps=2,
                                                   block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-                kw = dict(seed=seed, rate=0.0)
-                impls = {"xla": lambda q, k, v, kw=kw, m=mask: attention(q, k, v, m, **kw),
-                         "pallas": lambda q, k, v, kw=kw, m=mask, blocks=None: flash_attention(
-                             q, k, v, m, **kw, block_sizes=blocks),
+                impls = {**ours(0.0),
                          "jax-mgpu-nomask": lambda q, k, v, cfg=cfg: attention_mgpu.attention(q, k, v, cfg)}
                 out.append(("attention", f"B{b} N{n} S{s_} H64 p=0.0 f16", impls,
                             tuple(x.astype(jnp.float16) for x in (q, k, v)), 3, 4 * size, 12 * size,

@@ -22,8 +22,9 @@ materialised logits (kernels-h200.md). With the vocabulary split over `tensor` t
 
 (**) `attention_qkv` slices the packed (B, S, 3, N, H) projection for the reference; the Pallas kernels read it in
 place and write one packed gradient. Under pallas the layer passes the projection's bias to `attention_qkv(bias=)`:
-the kernels apply it where that measured faster (`BlockSizes.fold_bias`, with the one-kernel backward at S <= 128). The encoder layer calls `attention_qkv` under pallas and `attention` (with
-its layout arguments) under xla (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
+the kernels apply it where that measured faster (`BlockSizes.fold_bias`, with the one-kernel backward at S <= 128).
+The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
+(`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
 Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md. Mosaic GPU (Hopper) versions of
 BDRLN and bias+GELU exist (`pallas_kernels/*/kernel_mgpu.py`). bias+GELU's default backend ("auto") runs them on

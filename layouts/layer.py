@@ -35,7 +35,7 @@ def for_kernels(L: LayoutConfig, pallas: bool) -> LayoutConfig:
 
 def qkv_projection(x: Annotated, kernel, bias, L: LayoutConfig, dt) -> Annotated:
     """x @ w_qkv + b_qkv (AIB), stored in `L.qkv`; with `bias` None the product alone (under the Pallas kernels flash
-    attention adds the bias as it loads q, k and v: `attention(..., qkv_bias=)`)."""
+    attention applies the bias: `attention(..., qkv_bias=)`)."""
     qkv = einsum(L.qkv, x, annotate(kernel.astype(dt), "CDNH"))
     if bias is None:
         return qkv
@@ -53,8 +53,8 @@ def attention(f, pallas: bool, qkv: Annotated, mask, L: LayoutConfig, *, seed, r
               qkv_bias=None) -> Annotated:
     """The attention core, stored in `L.ctx`: XLA's unfused reference in the configured layouts, or flash attention
     on the packed qkv (BSCNH in, BSNH out) between explicit transposes where the layouts differ. `qkv_bias` (CNH,
-    pallas only): the projection's bias, which the kernels add as they load q, k and v (AIB fused: one pass over
-    the projection's output fewer, 31 us per BERT-large layer at B64 S128 on an H200)."""
+    pallas only): the projection's bias, which `flash_attention_qkv` applies, inside the kernels where that measured
+    faster (S <= 128: one pass over the projection's output fewer, 31 us per BERT-large layer on an H200)."""
     if pallas:
         ctx = f.attention_qkv(relayout(qkv, FLASH_QKV).array, mask, bias=qkv_bias, seed=seed, rate=rate)
         return relayout(annotate(ctx, FLASH_CTX), L.ctx)

@@ -56,11 +56,20 @@ def cache_key(op: str, **fields) -> str:
     return f"{op}|{device}|jax {jax.__version__}|" + ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
 
 
+_READ: dict = {}  # (path, mtime, size) -> the parsed cache: every trace of a kernel looks its key up
+
+
 def _load(path: str) -> dict:
+    """The cache file's entries ({} if absent or unreadable); parsed once per version of the file. Read-only."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
+        st = os.stat(path)
+        version = (path, st.st_mtime_ns, st.st_size)
+        if version not in _READ:
+            with open(path) as f:
+                data = json.load(f)
+            _READ.clear()
+            _READ[version] = data if isinstance(data, dict) else {}
+        return _READ[version]
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:  # unreadable or corrupt: tuned choices are an optimisation, never fatal
@@ -72,8 +81,7 @@ def _store(path: str, key: str, entry: dict) -> None:
     """Merge `entry` under `key` into the cache file (re-read first, so concurrent writers lose at most a race)."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        data = _load(path)
-        data[key] = entry
+        data = {**_load(path), key: entry}
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".autotune-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)

@@ -102,8 +102,13 @@ def _add_bias_fwd(qkv, bias):
     return _add_bias(qkv, bias), bias
 
 
+def _bias_grad(dqkv, bias):
+    """The bias was added to every (b, s) row of qkv: its gradient sums dQKV over them, in fp32."""
+    return jnp.sum(dqkv.astype(jnp.float32), axis=(0, 1)).astype(bias.dtype)
+
+
 def _add_bias_bwd(bias, g):
-    return g, jnp.sum(g.astype(jnp.float32), axis=(0, 1)).astype(bias.dtype)
+    return g, _bias_grad(g, bias)
 
 
 _add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
@@ -116,14 +121,14 @@ def _flash_qkv(qkv, code, seed, rate, interpret, blocks, heads):
 
 def _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias=None):
     out, lse = kernel.forward(qkv, qkv, qkv, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
-                              packed=True, bias=None if bias is None else bias.astype(qkv.dtype))
+                              packed=True, bias=bias)
     return out, (qkv, code, seed, out, lse)
 
 
 def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias=None):
     qkv, code, seed, out, lse = res
     dqkv = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                           heads=heads, packed=True, bias=None if bias is None else bias.astype(qkv.dtype))
+                           heads=heads, packed=True, bias=bias)
     return dqkv, None, None
 
 
@@ -140,9 +145,7 @@ def _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, blocks, heads):
 def _flash_qkv_bias_bwd(rate, interpret, blocks, heads, res, do):
     res, bias = res
     dqkv, _, _ = _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias)
-    # The bias was added to every (b, s) row of qkv: its gradient sums dQKV over them (in fp32, as XLA would).
-    dbias = jnp.sum(dqkv.astype(jnp.float32), axis=(0, 1)).astype(bias.dtype)
-    return dqkv, dbias, None, None
+    return dqkv, _bias_grad(dqkv, bias), None, None
 
 
 _flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)

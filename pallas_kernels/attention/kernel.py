@@ -441,8 +441,9 @@ def _bias_specs(bias):
     return [pl.BlockSpec((None, None, h), lambda i, b_, n_, c=c: (c, n_, 0)) for c in (0, 2)]
 
 
-def _bias_args(bias):
-    return (None, None) if bias is None else (bias, bias)
+def _bias_args(bias, dtype):
+    """The q and v bias operands: the bias rounded to the activations' dtype first, as the layer's XLA add rounds it."""
+    return (None, None) if bias is None else (bias.astype(dtype),) * 2
 
 
 def _shapes(q, k, packed: bool):
@@ -461,7 +462,8 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
     `code` from `mask_code`; `seed` from `seed_words`, or None for no dropout (the kernel then has no dropout code).
     `heads`: the total head count of the dropout index when q holds a tensor-parallel shard of them (default N).
     `packed`: q, k and v are the same (B, S, 3, N, H) array (C = q, k, v), read in place (no slices).
-    `bias`: None, or the (3, N, H) Q/K/V projection bias, added to q, k and v as the kernels load them (AIB fused).
+    `bias`: None, or the (3, N, H) Q/K/V projection bias, applied inside the kernels (AIB fused; see the shared tile
+    math for how: only tiles loaded once per program get it added).
     """
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
@@ -477,7 +479,7 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
         out_shape=[jax.ShapeDtypeStruct((b, s, n, h), q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
         compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret, name="flash_attention_fwd",
-    )(q, k, v, *_bias_args(bias), code, seed)
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed)
 
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool,
@@ -514,7 +516,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         out_specs=dkdv_specs, out_shape=dkdv_shapes,
         compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dkdv",
-    )(q, k, v, *_bias_args(bias), code, seed, do, lse, delta)
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta)
 
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
@@ -534,7 +536,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
-    )(q, k, v, *_bias_args(bias), code, seed, do, lse, delta, *extra)
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta, *extra)
     if packed:
         return dq
     dk, dv = dkdv
@@ -563,5 +565,5 @@ def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret,
         out_specs=out_specs, out_shape=out_shapes,
         compiler_params=compiler_params(blocks.num_warps_fused, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_bwd_fused",
-    )(q, k, v, *_bias_args(bias), code, seed, do, lse, o)
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, o)
     return grads[0] if packed else tuple(grads)
