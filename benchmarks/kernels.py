@@ -36,6 +36,7 @@ import pallas_kernels.softmax as softmax
 from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as bdrln_mgpu
 from pallas_kernels.attention import kernel as attention_kernel
 from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
+from pallas_kernels import autotune
 from pallas_kernels.dropout import seed_from_key
 
 N1, N2 = 2, 10
@@ -238,22 +239,16 @@ def tune_candidates(blocks_cls, pass_, args=()):
         s, h = args[0].shape[1], args[0].shape[3]
         d = attention_kernel.default_block_sizes(s, h)
         return attention_kernel.candidate_block_sizes(d, s, h, stage="fwd" if pass_ == "fwd" else "bwd")
+    stage = "fwd" if pass_ == "fwd" else "bwd"
+    for module in (bdrln.kernel, bias_gelu.kernel, bdrln_mgpu, bias_gelu_mgpu):  # the autotuner's lists
+        if blocks_cls is module.Blocks:
+            width = args[0].shape[-1]
+            return module.candidate_blocks(module.default_blocks(args[0].size // width, width), stage=stage)
     d = blocks_cls()
-    if blocks_cls in MGPU_BLOCKS.values():  # Mosaic GPU: rows per pipeline step, tiles in flight, programs
-        rows = (1, 2, 4) if blocks_cls is bias_gelu_mgpu.Blocks else (4, 8)
-        if pass_ == "fwd":
-            return [dataclasses.replace(d, block_rows=br, max_concurrent_steps=k, programs=p)
-                    for br in rows for k in (2, 4) for p in (132, 264)]
-        return [dataclasses.replace(d, bwd_block_rows=br, bwd_max_concurrent_steps=k, bwd_programs=p)
-                for br in rows for k in (2, 3) for p in (132, 264)]
     if pass_ == "fwd":
         return [dataclasses.replace(d, block_rows=br, num_warps=w)
                 for br, w in ((1, 4), (2, 4), (4, 8), (8, 8), (16, 8))]
-    if blocks_cls is softmax.kernel.Blocks:
-        return [dataclasses.replace(d, bwd_block_rows=br, bwd_num_warps=w)
-                for br, w in ((4, 4), (8, 4), (16, 8), (32, 8))]
-    return [dataclasses.replace(d, bwd_block_rows=br, bwd_rows_per_program=rpp, bwd_num_warps=w, bwd_num_stages=st)
-            for br, rpp, w in ((2, 16, 4), (4, 16, 8), (8, 64, 8), (8, 32, 8)) for st in (1, 2, 3)]
+    return [dataclasses.replace(d, bwd_block_rows=br, bwd_num_warps=w) for br, w in ((4, 4), (8, 4), (16, 8), (32, 8))]
 
 
 def check_against(fn, ref, args, n_in, pass_):
@@ -315,7 +310,8 @@ def main():
     ROTATE_BYTES[0] //= a.scale
     bw = copy_bandwidth(a.repeats, a.scale)
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {a.dtype}; copy bandwidth {bw / 1e9:.0f} GB/s "
-          f"(y = x + 1 over 256 MB)", flush=True)
+          f"(y = x + 1 over 256 MB); JAXFORMER_AUTOTUNE={autotune.mode()} (\"default\" blocks: the tuner's cached "
+          "choice unless off)", flush=True)
     rows = []
     print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)

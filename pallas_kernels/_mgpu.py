@@ -5,6 +5,7 @@ stand-in), WG_STRIDED layouts and the shape checks that send other shapes back t
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import jax
@@ -28,6 +29,17 @@ def supported() -> bool:
     except Exception:  # no GPU runtime, odd device strings: not supported
         return False
 
+
+def row_block_candidates(around, rows: tuple[int, ...], *, stage: str) -> list:
+    """Block sizes to try around `around` for the row-wise Mosaic GPU kernels (the `Blocks` of both share these
+    fields): rows per pipeline step (`rows`), tiles in flight and programs (1 or 2 per SM of an H100/H200)."""
+    if stage == "fwd":
+        return [dataclasses.replace(around, block_rows=br, max_concurrent_steps=k, programs=p)
+                for br in rows for k in (2, 4) for p in (132, 264)]
+    if stage == "bwd":
+        return [dataclasses.replace(around, bwd_block_rows=br, bwd_max_concurrent_steps=k, bwd_programs=p)
+                for br in rows for k in (2, 3) for p in (132, 264)]
+    raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
 
 
 def _load_takes_index() -> bool:

@@ -95,20 +95,71 @@ def _from_fields(default, fields: dict):
     return dataclasses.replace(default, **{k: v for k, v in fields.items() if k in names})
 
 
-def time_step(step: Callable, args: tuple, *, lengths=(2, 12), repeats: int = 5) -> float:
-    """Seconds per `step` (args -> args of the same shapes), from `n` steps chained in one jit (a `fori_loop`) for
-    the two `lengths`: (T(n2) - T(n1)) / (n2 - n1) cancels the launch overhead; median of `repeats`."""
+ROTATE_BYTES = 180 * 2**20  # 3x an H200's L2 (60 MB): no step finds its operands still cached from the last one
+
+
+def time_step(step: Callable, args: tuple, *, lengths=(2, 8), repeats: int = 5,
+              rotate_bytes: int = ROTATE_BYTES) -> float:
+    """Seconds per `step` (args -> args of the same shapes), as DESIGN.md times kernels: K copies of `args` (K x
+    their bytes >= `rotate_bytes`) stepped in turn inside a `fori_loop` (so each step reads operands last touched K
+    steps ago, not from the L2), for n = `lengths` rounds in one jit each: (T(n2) - T(n1)) / ((n2 - n1) K) cancels
+    the launch overhead; median of `repeats`."""
+    size = sum(a.nbytes for a in jax.tree.leaves(args))
+    k = min(8, max(1, -(-rotate_bytes // max(size, 1))))  # at most 8 copies (small shapes fit the L2 anyway)
+    copies = tuple(jax.tree.map(lambda a: a + jnp.zeros((), a.dtype), args) for _ in range(k))
+
+    def one_round(i, cs):
+        return tuple(step(c) for c in cs)
+
     runs = []
     for n in lengths:
-        f = jax.jit(lambda a, n=n: jax.lax.fori_loop(0, n, lambda i, c: step(c), a))
-        jax.block_until_ready(f(args))
+        f = jax.jit(lambda cs, n=n: jax.lax.fori_loop(0, n, one_round, cs))
+        jax.block_until_ready(f(copies))
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            jax.block_until_ready(f(args))
+            jax.block_until_ready(f(copies))
             times.append(time.perf_counter() - t)
         runs.append(statistics.median(times))
-    return max((runs[1] - runs[0]) / (lengths[1] - lengths[0]), 1e-9)
+    return max((runs[1] - runs[0]) / ((lengths[1] - lengths[0]) * k), 1e-9)
+
+
+def random_inputs(like, seed: int = 0) -> tuple:
+    """Standard-normal arrays with the shapes and dtypes of `like` (arrays or ShapeDtypeStructs), for tuning."""
+    keys = jax.random.split(jax.random.key(seed), len(like))
+    return tuple(jax.random.normal(k, a.shape, jnp.float32).astype(a.dtype) for k, a in zip(keys, like))
+
+
+def fwd_bwd_bench(fn: Callable, args: tuple):
+    """`make_bench`'s (step, args, outputs) for an operator `fn(blocks)(*args)` differentiable in every arg.
+
+    A step is one forward+backward with the output as its own cotangent, the gradients becoming the next args (so
+    chained steps are not dead code); `outputs(blocks)` is the output and the gradients for a fixed random cotangent
+    (the output itself can make a layernorm's gradient vanish, leaving only rounding noise to compare)."""
+    def step(blocks):
+        def run(a):
+            y, vjp = jax.vjp(fn(blocks), *a)
+            return tuple(g.astype(x.dtype) for g, x in zip(vjp(y), a))
+        return run
+
+    def outputs(blocks):
+        def run(a):
+            y, vjp = jax.vjp(fn(blocks), *a)
+            ct = jax.tree.map(lambda t: jax.random.normal(jax.random.key(7), t.shape, jnp.float32).astype(t.dtype),
+                              y)
+            return y, vjp(ct)
+        return jax.jit(run)(args)
+
+    return step, args, outputs
+
+
+def choose_rowwise(op: str, kernels, default, fn: Callable, like, *, interpret: bool, **fields):
+    """`choose` for a row-wise kernel module `kernels` (BDRLN, bias+GELU; Triton or Mosaic GPU): its
+    `candidate_blocks` for the forward, then the backward, timed forward+backward of `fn(blocks)(*args)` on random
+    inputs shaped like `like` (the shard's operands). `fields` make the cache key with `op`."""
+    stages = [lambda best: kernels.candidate_blocks(best, stage="fwd"),
+              lambda best: kernels.candidate_blocks(best, stage="bwd")]
+    return choose(op, fields, default, stages, lambda: fwd_bwd_bench(fn, random_inputs(like)), interpret=interpret)
 
 
 def _max_rel_err(got, want) -> float:

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_kernels.bias_dropout_residual_layernorm as bdrln
+import pallas_kernels.bias_gelu as bias_gelu
 from pallas_kernels import autotune
 from pallas_kernels.attention import flash_attention, flash_attention_qkv, kernel
 
@@ -103,8 +105,11 @@ def test_corrupt_cache_and_bad_mode(tune_env, monkeypatch, capsys):
 
 def test_time_step_measures_a_chained_step():
     x = jnp.ones((256, 256))
-    t = autotune.time_step(lambda a: (a[0] @ a[0] / 256.0,), (x,), lengths=(1, 3), repeats=2)
-    assert 0 < t < 1.0
+    step = lambda a: (a[0] @ a[0] / 256.0,)  # noqa: E731
+    t1 = autotune.time_step(step, (x,), lengths=(1, 5), repeats=3, rotate_bytes=0)  # one copy
+    t4 = autotune.time_step(step, (x,), lengths=(1, 5), repeats=3, rotate_bytes=2**20)  # 4 copies in turn
+    assert 0 < t1 < 1.0
+    assert 0.4 < t4 / t1 < 2.5  # per step either way (not per round of 4 copies)
 
 
 @pytest.mark.parametrize(("s", "h"), [(128, 64), (512, 64), (256, 128), (64, 32)])
@@ -150,3 +155,122 @@ def test_flash_attention_tunes_and_reads_the_cache_on_gpu(tune_env, monkeypatch)
     jax.jit(lambda: run())()
     assert json.loads(tune_env.read_text()) == entries
     print("tuned blocks:", chosen)
+
+
+# --- the row-wise kernels (BDRLN / layernorm, bias+GELU) ----------------------------------------------------------
+
+def _bdrln_args(rows, d, dtype=jnp.float32):
+    k = jax.random.split(jax.random.key(rows + d), 5)
+    x, res = (jax.random.normal(k[i], (rows, d), jnp.float32).astype(dtype) for i in (0, 1))
+    bias, shift = (jax.random.normal(k[i], (d,)) for i in (2, 3))
+    return x, bias, res, 1 + 0.2 * jax.random.normal(k[4], (d,)), shift
+
+
+def _outs(f, args):
+    """f's output and its gradients for a fixed random cotangent."""
+    y, vjp = jax.vjp(f, *args)
+    return [y, *vjp(jax.random.normal(jax.random.key(3), y.shape, y.dtype))]
+
+
+def _max_err(outs, refs):
+    return max(float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) for a, b in zip(outs, refs))
+
+
+@pytest.mark.parametrize("op", ["bdrln", "bias_gelu"])
+def test_row_candidates_compute_the_reference(op):
+    """Every forward tile and backward chunking the tuner may pick gives the reference's result (interpret mode:
+    the pipeline stages change nothing there, so one per chunking); rows not a multiple of any block."""
+    if op == "bdrln":
+        module, args = bdrln.kernel, _bdrln_args(40, 96)
+        kw = dict(seed=jnp.array([5, 6], jnp.uint32), rate=0.3, eps=1e-12)
+        ref = lambda *a: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw)  # noqa: E731
+        run = lambda c: lambda *a: bdrln.bias_dropout_residual_layernorm(  # noqa: E731
+            *a, **kw, interpret=True, blocks=c)
+    else:
+        module = bias_gelu.kernel
+        args = (jax.random.normal(jax.random.key(1), (40, 96)), jax.random.normal(jax.random.key(2), (96,)))
+        kw = dict(seed=jnp.array([5, 6], jnp.uint32), rate=0.3)
+        ref = lambda *a: bias_gelu.reference.bias_gelu(*a, **kw)  # noqa: E731
+        run = lambda c: lambda *a: bias_gelu.bias_gelu(*a, **kw, interpret=True, blocks=c,  # noqa: E731
+                                                       backend="triton")
+    default = module.default_blocks(40, 96)
+    fwd = module.candidate_blocks(default, stage="fwd")
+    bwd = [c for c in module.candidate_blocks(default, stage="bwd") if c.bwd_num_stages == 1]
+    assert len(set(fwd)) == 5 and len(set(bwd)) == 5
+    want = _outs(ref, args)
+    for c in fwd + bwd:
+        assert _max_err(_outs(run(c), args), want) < 2e-5, c
+
+
+@pytest.mark.parametrize("op", ["bdrln", "layer_norm", "bias_gelu"])
+def test_row_kernels_ask_the_autotuner_per_shard(op, monkeypatch):
+    """Without `blocks`, the forward and the backward each run the autotuner's choice for the shard's shape (here
+    a candidate it returns, under a 2-way data mesh): the key names the per-shard rows; the result is unchanged."""
+    asked, used = [], []
+
+    def choose(op_, fields, default, stages, make_bench, *, interpret):
+        asked.append((op_, fields))
+        return stages[1](stages[0](default)[1])[-1]  # some candidate: 2-row forward tiles, a deep backward
+
+    monkeypatch.setattr(autotune, "choose", choose)
+    module = bias_gelu.kernel if op == "bias_gelu" else bdrln.kernel
+    for name in ("forward", "backward"):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **kw: (
+            used.append((name, kw["blocks"])), real(*a, **kw))[1])
+    x, bias, res, scale, shift = _bdrln_args(32, 96)
+    if op == "bdrln":
+        kw = dict(seed=jnp.array([5, 6], jnp.uint32), rate=0.3, eps=1e-12)
+        fn = lambda x, res, scale: bdrln.bias_dropout_residual_layernorm(x, bias, res, scale, shift, **kw)  # noqa
+        ref = lambda x, res, scale: bdrln.reference.bias_dropout_residual_layernorm(x, bias, res, scale, shift, **kw)  # noqa
+    elif op == "layer_norm":
+        fn = lambda x, res, scale: bdrln.layer_norm(x + res, scale, shift, eps=1e-12)  # noqa: E731
+        ref = lambda x, res, scale: bdrln.reference.layer_norm(x + res, scale, shift, eps=1e-12)  # noqa: E731
+    else:
+        fn = lambda x, res, scale: bias_gelu.bias_gelu(x * scale, res[0], seed=jnp.array([5, 6], jnp.uint32),  # noqa
+                                                        rate=0.3)
+        ref = lambda x, res, scale: bias_gelu.reference.bias_gelu(  # noqa: E731
+            x * scale, res[0], seed=jnp.array([5, 6], jnp.uint32), rate=0.3)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))  # the trainer's kind of mesh
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    want = _outs(ref, (x, res, scale))
+    with jax.set_mesh(mesh):
+        got = _outs(jax.jit(fn), (jax.device_put(x, sharding), jax.device_put(res, sharding), scale))
+    assert _max_err(got, want) < 2e-5
+    assert {a[0] for a in asked} == {"bias_gelu" if op == "bias_gelu" else "bdrln"}
+    assert all(fields["rows"] == 16 and fields["backend"] == "triton" for _, fields in asked)
+    assert {name for name, _ in used} == {"forward", "backward"}
+    assert all(b.block_rows == 2 and b.bwd_num_stages == 3 for _, b in used)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["bdrln", "bias_gelu"])
+def test_row_kernels_tune_and_read_the_cache_on_gpu(op, tune_env, monkeypatch):
+    """Tuned for real inside a jit (two candidates per stage, to keep it short), the same result as the default
+    table's, the choice cached; a second trace reads it."""
+    if op == "bdrln":
+        args = _bdrln_args(4096, 1024, jnp.bfloat16)
+        kw = dict(seed=jnp.array([5, 6], jnp.uint32), rate=0.1, eps=1e-12)
+        fn = lambda blocks: lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, blocks=blocks)  # noqa: E731
+        module = bdrln.kernel
+    else:
+        args = (jax.random.normal(jax.random.key(1), (4096, 3072), jnp.bfloat16),
+                jax.random.normal(jax.random.key(2), (3072,)))
+        module = bias_gelu._PerShape.pick(args[0])[0]  # Mosaic GPU on Hopper, else Triton
+        backend = "mgpu" if module is bias_gelu._k_mgpu else "triton"
+        fn = lambda blocks: lambda *a: bias_gelu.bias_gelu(  # noqa: E731
+            *a, seed=jnp.array([5, 6], jnp.uint32), rate=0.1, blocks=blocks,
+            backend="auto" if blocks is None else backend)
+    few = module.candidate_blocks
+    monkeypatch.setattr(module, "candidate_blocks", lambda around, stage: few(around, stage=stage)[:2])
+    tuned = jax.jit(lambda a: _outs(fn(None), a))(args)
+    entries = json.loads(tune_env.read_text())
+    (key,) = entries
+    assert key.startswith(op + "|") and "rows=4096" in key and entries[key]["us"] > 0
+    default = _outs(fn(module.default_blocks(4096, args[0].shape[1])), args)  # the default table's result
+    for got, want in zip(tuned, default):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2, rtol=2e-2)
+    monkeypatch.setattr(autotune, "_tune", lambda *a: pytest.fail("tuned again"))
+    jax.jit(lambda a: _outs(fn(None), a))(args)
+    assert json.loads(tune_env.read_text()) == entries
+    print("tuned:", entries[key])

@@ -182,30 +182,18 @@ def _tuned(default, q, k, rate, packed, interpret):
     t, dtype = k.shape[1], jnp.dtype(q.dtype)
 
     def make_bench():
-        keys = jax.random.split(jax.random.key(0), 4)
-        lengths = jax.random.randint(keys[3], (b, 1), t // 2, t + 1)
+        lengths = jax.random.randint(jax.random.key(1), (b, 1), t // 2, t + 1)
         mask_ = jnp.arange(t)[None, :] < lengths
         seed = jnp.array([1, 2], jnp.uint32) if rate else None
         if packed:
-            args = (jax.random.normal(keys[0], (b, s, 3, n, h), jnp.float32).astype(dtype),)
+            like = [jax.ShapeDtypeStruct((b, s, 3, n, h), dtype)]
             fn = lambda blocks: lambda qkv: flash_attention_qkv(  # noqa: E731
                 qkv, mask_, seed=seed, rate=rate, block_sizes=blocks)
         else:
-            args = tuple(jax.random.normal(keys[i], shape, jnp.float32).astype(dtype)
-                         for i, shape in enumerate([(b, s, n, h), (b, t, n, h), (b, t, n, h)]))
+            like = [jax.ShapeDtypeStruct(shape, dtype) for shape in [(b, s, n, h), (b, t, n, h), (b, t, n, h)]]
             fn = lambda blocks: lambda q, k, v: flash_attention(  # noqa: E731
                 q, k, v, mask_, seed=seed, rate=rate, block_sizes=blocks)
-
-        def fwd_bwd(blocks):
-            def run(a):
-                y, vjp = jax.vjp(fn(blocks), *a)
-                return y, vjp(y)
-            return run
-
-        def step(blocks):
-            return lambda a: tuple(g.astype(x.dtype) for g, x in zip(fwd_bwd(blocks)(a)[1], a))
-
-        return step, args, lambda blocks: jax.jit(fwd_bwd(blocks))(args)
+        return autotune.fwd_bwd_bench(fn, autotune.random_inputs(like))
 
     fields = dict(b=b, s=s, t=t, n=n, h=h, dtype=dtype.name, dropout=bool(rate), packed=packed)
     stages = [lambda best: kernel.candidate_block_sizes(best, s, h, t, stage="fwd"),

@@ -11,8 +11,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _pallas as pk
+from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
@@ -27,7 +29,8 @@ __all__ = ["bias_dropout_residual_layernorm", "layer_norm", "reference"]
 def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, rate: float, eps: float,
                                     interpret: bool | None = None, blocks=None, backend: str = "triton"):
     """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function.
-    `blocks` is the chosen backend's `Blocks` (default: its `default_blocks`)."""
+    `blocks` is the chosen backend's `Blocks` (default: the autotuner's cached choice for the shape,
+    `pallas_kernels.autotune`, else the backend's `default_blocks`)."""
     return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks,
                   backend=backend)
 
@@ -51,12 +54,39 @@ def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, block
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
     rows = x.size // d
-    blocks = blocks or kernels.default_blocks(rows, d)
     seed = None if seed is None else jnp.asarray(seed, jnp.uint32)
     flat = lambda a: None if a is None else a.reshape(rows, d)  # noqa: E731
     out = _op(flat(x), bias, flat(residual), scale, shift, seed, float(rate), eps, pk.resolve_interpret(interpret),
               blocks, kernels)
     return out.reshape(x.shape)
+
+
+def _blocks(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, interpret):
+    """`blocks` if given; else, for this shard's (rows, D), the autotuner's choice (cached, or tuned now under
+    JAXFORMER_AUTOTUNE=tune: `pallas_kernels.autotune`), else the default table. Called by the forward and the
+    backward alike: the forward's trace tunes, the backward's reads the same cache entry."""
+    if blocks is not None:
+        return blocks
+    rows, d = x.shape
+    default = kernels.default_blocks(rows, d)
+    operands = dict(x=x, bias=bias, residual=residual, scale=scale, shift=shift)
+    like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operands.values() if a is not None]
+    backend = next(name for name, k in BACKENDS.items() if k is kernels)
+    seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
+
+    def fn(blocks_):
+        def op(*args):
+            it = iter(args)
+            a = {k: None if v is None else next(it) for k, v in operands.items()}
+            return bias_dropout_residual_layernorm(a["x"], a["bias"], a["residual"], a["scale"], a["shift"],
+                                                   seed=seed, rate=rate, eps=eps, interpret=False, blocks=blocks_,
+                                                   backend=backend)
+        return op
+
+    return autotune.choose_rowwise(
+        "bdrln", kernels, default, fn, like, interpret=interpret, backend=backend, rows=rows, d=d,
+        dtype=x.dtype.name, residual=None if residual is None else residual.dtype.name, bias=bias is not None,
+        dropout=bool(rate))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
@@ -66,8 +96,9 @@ def _op(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, ker
 
 def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, kernels):
     def run(row_offset, x, residual, bias, scale, shift, seed):
+        blocks_ = _blocks(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps, interpret=interpret)
         return kernels.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
-                          interpret=interpret, blocks=blocks)
+                               interpret=interpret, blocks=blocks_)
 
     y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(x, residual, bias, scale, shift, seed)
     return y, (x, bias, residual, scale, shift, seed, mean, rstd)
@@ -77,8 +108,9 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
     x, bias, residual, scale, shift, seed, mean, rstd = res
 
     def run(row_offset, x, residual, mean, rstd, dy, bias, scale, seed):
+        blocks_ = _blocks(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps, interpret=interpret)
         return kernels.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
-                           interpret=interpret, blocks=blocks)
+                                interpret=interpret, blocks=blocks_)
 
     dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
                                                                             seed)

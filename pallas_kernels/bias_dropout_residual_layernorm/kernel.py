@@ -46,6 +46,11 @@ def default_blocks(rows: int, width: int) -> Blocks:
     return Blocks(block_rows=1, num_warps=8, bwd_block_rows=1, bwd_rows_per_program=16, bwd_num_warps=8)
 
 
+def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
+    """Block sizes the autotuner (and `benchmarks/kernels.py --tune`) tries around `around`, per stage."""
+    return pk.row_block_candidates(around, stage=stage)
+
+
 def _h(x_ref, bias_ref, res_ref, seed_ref, m, r, c, *, width, rate):
     """h = residual + dropout(x + bias) in float32 for one tile (0 outside it); also the keep mask (or None)."""
     h = pk.load(x_ref, m).astype(jnp.float32)

@@ -24,6 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from .. import _mgpu
 from .._mgpu import LANES, check_rows, kernel_call, load, pipeline, split_programs, supported
 from ..dropout import keep_mask
 
@@ -46,6 +47,12 @@ def default_blocks(rows: int, width: int) -> Blocks:
     """~32 float32 values per thread and array (8 rows of 768, 4 of 1024). Not yet tuned on the GPU."""
     del rows
     return Blocks(block_rows=8 if width <= 768 else 4)
+
+
+def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
+    """Block sizes the autotuner (and `benchmarks/kernels.py --tune`) tries around `around`, per stage: rows per
+    step in (4, 8)."""
+    return _mgpu.row_block_candidates(around, (4, 8), stage=stage)
 
 
 class _Tile:

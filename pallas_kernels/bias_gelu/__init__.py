@@ -11,8 +11,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _pallas as pk
+from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
@@ -39,20 +41,6 @@ class _PerShape:
                 pass
         return _k, _k.default_blocks(rows, width)
 
-    @staticmethod
-    def default_blocks(rows, width):
-        return None  # chosen per shard by `pick`
-
-    @classmethod
-    def forward(cls, x, bias, seed_words, *, rate, interpret, blocks):
-        k, blocks = cls.pick(x)
-        return k.forward(x, bias, seed_words, rate=rate, interpret=interpret, blocks=blocks)
-
-    @classmethod
-    def backward(cls, x, bias, seed_words, dy, *, rate, interpret, blocks):
-        k, blocks = cls.pick(x)
-        return k.backward(x, bias, seed_words, dy, rate=rate, interpret=interpret, blocks=blocks)
-
 
 # The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, Mosaic GPU (Hopper), or the
 # per-shape choice between them.
@@ -65,7 +53,8 @@ def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None =
               backend: str = "auto"):
     """Fused `dropout(gelu(x + bias))` over (..., F) with bias (F,); float32 math, result in x's dtype. `backend`:
     "auto" (Mosaic GPU on Hopper+ where the shape allows, else Triton), "triton" or "mgpu". `blocks` is the chosen
-    backend's `Blocks` (default: its `default_blocks`; not with "auto")."""
+    backend's `Blocks` (not with "auto"; default: the autotuner's cached choice for the shape,
+    `pallas_kernels.autotune`, else the backend's `default_blocks`)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {tuple(BACKENDS)}")
     if backend == "auto" and blocks is not None:
@@ -77,10 +66,33 @@ def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None =
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
     rows = x.size // f
-    blocks = blocks or kernels.default_blocks(rows, f)
     seed = None if seed is None else jnp.asarray(seed, jnp.uint32)  # None: `seed_words` gives zeros
     out = _op(x.reshape(rows, f), bias, seed, float(rate), pk.resolve_interpret(interpret), blocks, kernels)
     return out.reshape(x.shape)
+
+
+def _kernels(kernels, blocks, x, bias, *, rate, interpret):
+    """(kernel module, blocks) for this shard x (rows, F): the backend's module ("auto": `_PerShape.pick`) and
+    `blocks` if given, else the autotuner's choice (cached, or tuned now under JAXFORMER_AUTOTUNE=tune:
+    `pallas_kernels.autotune`), else the module's default table. The forward's trace tunes, the backward's reads
+    the same cache entry."""
+    if kernels is _PerShape:
+        kernels, default = _PerShape.pick(x)
+    else:
+        default = kernels.default_blocks(*x.shape)
+    if blocks is not None:
+        return kernels, blocks
+    backend = "mgpu" if kernels is _k_mgpu else "triton"
+    seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
+
+    def fn(blocks_):
+        return lambda x_, b_: bias_gelu(x_, b_, seed=seed, rate=rate, interpret=False, blocks=blocks_,
+                                        backend=backend)
+
+    like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, bias)]
+    return kernels, autotune.choose_rowwise("bias_gelu", kernels, default, fn, like, interpret=interpret,
+                                            backend=backend, rows=x.shape[0], f=x.shape[1], dtype=x.dtype.name,
+                                            dropout=bool(rate))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -100,7 +112,8 @@ def _drop_offset(fn, rate):  # the F-split variant passes a column offset, which
 
 def _fwd(x, bias, seed, rate, interpret, blocks, kernels):
     def run(row_offset, x, bias, seed):
-        return kernels.forward(x, bias, pk.seed_words(seed, row_offset), rate=rate, interpret=interpret, blocks=blocks)
+        k, blocks_ = _kernels(kernels, blocks, x, bias, rate=rate, interpret=interpret)
+        return k.forward(x, bias, pk.seed_words(seed, row_offset), rate=rate, interpret=interpret, blocks=blocks_)
 
     split = dict(head_dims=(1, 0), out_head_dim=1) if rate == 0.0 else {}
     return pk.batch_shard_map(_drop_offset(run, rate), n_batched=1, **split)(x, bias, seed), (x, bias, seed)
@@ -110,8 +123,9 @@ def _bwd(rate, interpret, blocks, kernels, res, dy):
     x, bias, seed = res
 
     def run(row_offset, x, dy, bias, seed):
-        return kernels.backward(x, bias, pk.seed_words(seed, row_offset), dy, rate=rate, interpret=interpret,
-                           blocks=blocks)
+        k, blocks_ = _kernels(kernels, blocks, x, bias, rate=rate, interpret=interpret)
+        return k.backward(x, bias, pk.seed_words(seed, row_offset), dy, rate=rate, interpret=interpret,
+                          blocks=blocks_)
 
     dx, dbias = pk.batch_shard_map(_drop_offset(run, rate), n_batched=2, **_split_f(rate))(x, dy, bias, seed)
     return dx, jnp.sum(dbias, axis=0).astype(bias.dtype), None

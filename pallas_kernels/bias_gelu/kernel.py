@@ -45,6 +45,11 @@ def default_blocks(rows: int, width: int) -> Blocks:
                   bwd_num_warps=8, bwd_num_stages=2)
 
 
+def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
+    """Block sizes the autotuner (and `benchmarks/kernels.py --tune`) tries around `around`, per stage."""
+    return pk.row_block_candidates(around, stage=stage)
+
+
 def _tile(x_ref, bias_ref, seed_ref, first_row, first_col, *, rows, width, rate, block_rows, block_cols):
     r = first_row + jnp.arange(block_rows, dtype=jnp.int32)
     c = first_col + jnp.arange(block_cols, dtype=jnp.int32)

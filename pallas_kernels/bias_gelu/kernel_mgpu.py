@@ -25,6 +25,7 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .._math import _SQRT_HALF, erf_f32, gelu_and_grad
+from .. import _mgpu
 from .._mgpu import LANES, check_rows, iota, kernel_call, pipeline, split_programs, strided, supported, vec_size, zeros
 from ..dropout import keep_mask
 
@@ -47,6 +48,12 @@ def default_blocks(rows: int, width: int) -> Blocks:
     the bias and the bias-gradient accumulator). Not yet tuned on the GPU."""
     del rows
     return Blocks(block_rows=max(1, 8192 // width))
+
+
+def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
+    """Block sizes the autotuner (and `benchmarks/kernels.py --tune`) tries around `around`, per stage: rows per
+    step in (1, 2, 4)."""
+    return _mgpu.row_block_candidates(around, (1, 2, 4), stage=stage)
 
 
 # ----------------------------------------------------------------------------------------------------------------
