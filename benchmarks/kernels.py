@@ -23,9 +23,7 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -44,33 +42,15 @@ ROTATE_BYTES = [180 * 2**20]  # rotate inputs over at least this many bytes (--s
 
 
 def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
-    """Seconds per `step` (carry -> carry) iteration, by the difference of two chained run lengths.
+    """Seconds per `step` (carry -> carry) iteration, by the difference of two chained run lengths
+    (`pallas_kernels.autotune.time_step`, which the autotuner times its candidates with too).
 
     The inputs are rotated: K copies of `carry` (K x its bytes >= `min_bytes`, three times the H200's 60 MB L2),
     iteration i consumes copy i % K's previous output, so no iteration finds its operands in L2.
     `lengths` = (N1, N2) overrides the two run lengths (shorter ones compile faster: layouts/search.py).
     """
-    n1, n2 = lengths or (N1, N2)
-    size = sum(x.nbytes for x in jax.tree.leaves(carry))
-    k = max(1, -(-(min_bytes or ROTATE_BYTES[0]) // size))
-    copies = tuple(jax.tree.map(lambda x, i=i: x + jnp.zeros((), x.dtype) if i else x, carry) for i in range(k))
-    runs = {}
-    for n in (n1 * k, n2 * k):
-        def chain(cs, n=n):
-            cs = list(cs)
-            for i in range(n):
-                cs[i % k] = step(cs[i % k])
-                cs = list(jax.lax.optimization_barrier(tuple(cs)))
-            return tuple(cs)
-        f = jax.jit(chain)
-        jax.block_until_ready(f(copies))
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            jax.block_until_ready(f(copies))
-            times.append(time.perf_counter() - t)
-        runs[n] = statistics.median(times)
-    return (runs[n2 * k] - runs[n1 * k]) / ((n2 - n1) * k)
+    return autotune.time_step(step, carry, lengths=lengths or (N1, N2), repeats=repeats,
+                              rotate_bytes=min_bytes or ROTATE_BYTES[0], max_copies=None)
 
 
 def copy_bandwidth(repeats, scale=1):

@@ -23,22 +23,22 @@ RATE = 0.1
 SEED = jnp.array([1, 2], jnp.uint32)
 
 
-def case(op, rows, d):
+def case(op, rows, d, rate):
     k = jax.random.split(jax.random.key(0), 5)
     if op == "bdrln":
         args = (jax.random.normal(k[0], (rows, d), jnp.bfloat16), jax.random.normal(k[1], (d,)),
                 jax.random.normal(k[2], (rows, d), jnp.bfloat16), 1 + 0.1 * jax.random.normal(k[3], (d,)),
                 jax.random.normal(k[4], (d,)))
-        kw = dict(seed=SEED, rate=RATE, eps=1e-12)
+        kw = dict(seed=SEED, rate=rate, eps=1e-12)
         return (args, lambda blocks: lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, blocks=blocks),
                 lambda *a: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw), bdrln.kernel,
                 8 * rows * d * 2)  # fwd 3RD, bwd 5RD (2-byte)
     args = (jax.random.normal(k[0], (rows, d), jnp.bfloat16), jax.random.normal(k[1], (d,)))
     module = bias_gelu._PerShape.pick(args[0])[0]
     backend = "mgpu" if module is bias_gelu._k_mgpu else "triton"
-    return (args, lambda blocks: lambda *a: bias_gelu.bias_gelu(*a, seed=SEED, rate=RATE, blocks=blocks,
+    return (args, lambda blocks: lambda *a: bias_gelu.bias_gelu(*a, seed=SEED, rate=rate, blocks=blocks,
                                                                 backend="auto" if blocks is None else backend),
-            lambda *a: bias_gelu.reference.bias_gelu(*a, seed=SEED, rate=RATE), module,
+            lambda *a: bias_gelu.reference.bias_gelu(*a, seed=SEED, rate=rate), module,
             5 * rows * d * 2)  # fwd x in y out, bwd x, dy in dx out
 
 
@@ -48,9 +48,10 @@ def main():
     bw = kb.copy_bandwidth(5, int(os.environ.get("SCALE", 1)))
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     for spec in sys.argv[1:]:
-        op, shape = spec.split(":")
+        op, shape, *rate = spec.split(":")  # op:RxD[:rate] (default 0.1)
+        rate = float(rate[0]) if rate else RATE
         rows, d = map(int, shape.split("x"))
-        args, fn, ref, module, nbytes = case(op, rows, d)
+        args, fn, ref, module, nbytes = case(op, rows, d, rate)
         t0 = time.time()
         jax.block_until_ready(jax.jit(lambda a: jax.vjp(fn(None), *a)[0])(args))  # tunes (stderr) while tracing
         print(f"{spec}: tuned in {time.time() - t0:.0f} s", flush=True)
@@ -59,7 +60,9 @@ def main():
         def fields(k):
             return dict(f.split("=", 1) for f in k.split("|")[-1].split(","))
         key = next((k for k in entry if k.startswith(op + "|") and fields(k).get("rows") == str(rows) and
-                    str(d) in (fields(k).get("d"), fields(k).get("f"))), None)
+                    str(d) in (fields(k).get("d"), fields(k).get("f")) and
+                    fields(k).get("dropout") == str(bool(rate)) and fields(k).get("device", "") == ""
+                    and jax.devices()[0].device_kind in k), None)
         if key is None:  # not tuned (interpret mode on a CPU, or mode off)
             chosen = default
             print(f"{spec}: not tuned", flush=True)
@@ -71,7 +74,7 @@ def main():
         for name, f in rows_out + [("default again", fn(default))]:
             err = kb.check_against(f, ref, args, len(args), "fwd+bwd")
             t = kb.per_iteration(kb._grads_as_carry(f, len(args)), args, 5, min_bytes=kb.ROTATE_BYTES[0] // int(os.environ.get("SCALE", 1)))
-            print(f"| {op} {shape} p={RATE} | fwd+bwd | {name} | {t * 1e6:.1f} us | {100 * nbytes / t / bw:.0f}% of copy"
+            print(f"| {op} {shape} p={rate} | fwd+bwd | {name} | {t * 1e6:.1f} us | {100 * nbytes / t / bw:.0f}% of copy"
                   f" BW | rel err {err:.1e} |", flush=True)
 
 
