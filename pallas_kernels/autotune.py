@@ -4,8 +4,17 @@ Each kernel has a measured default table (`default_block_sizes` / `default_block
 shapes). For other shapes or GPUs, `JAXFORMER_AUTOTUNE=tune` makes a kernel that meets a new key (GPU, jax version,
 operator, shapes, dtype, dropout on/off) while it is being traced time its candidate block sizes there and then:
 each candidate is compiled and run forward+backward on random inputs of those shapes, checked against the default's
-outputs (a candidate that fails to compile or disagrees is skipped, with a line saying so), and the fastest is kept
-and written to the cache file. Every later trace, in this process or another, reads it.
+outputs (a candidate that fails to compile or disagrees is skipped, with a line saying so), timed as
+`benchmarks/kernels.py` times operators (`time_step`), and the fastest is kept if it beats the default by more than
+5% twice (once among the candidates, once more re-timed alternately with the default), and written to the cache
+file. Every later trace, in this process or another, reads it. Kernels: flash attention (forward tiles, then the
+backward's form and tiles) and the row-wise ones, BDRLN / layernorm and bias+GELU (Triton or Mosaic GPU: forward
+tiles, then the backward's chunks), per shard shape; a kernel the default runs in under 25 us is not tuned.
+
+What it is worth, measured (kernels-h200.md, kernels-h100.md): at BERT's shapes nothing yet. On an H200 no
+candidate beat the BDRLN table; on an H100 (whose tables were never measured) the first timing harnesses picked
+candidates 5-40% "faster" that `benchmarks/kernels.py` and the train step found no faster, which is why winners are
+now re-timed. Tuning one key takes 1-5 minutes of compiles. It is for shapes and GPUs the tables never saw.
 
     JAXFORMER_AUTOTUNE        cache (default): use cached choices, else the default table
                               tune (or 1): also tune keys the cache lacks (progress on stderr)
