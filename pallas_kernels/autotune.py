@@ -107,16 +107,17 @@ def _from_fields(default, fields: dict):
 ROTATE_BYTES = 180 * 2**20  # 3x an H200's L2 (60 MB): no step finds its operands still cached from the last one
 
 
-def time_step(step: Callable, args: tuple, *, lengths=(2, 10), repeats: int = 5, rotate_bytes: int = ROTATE_BYTES,
+def time_step(step: Callable, args: tuple, *, lengths=(2, 10), repeats: int = 5, rotate_bytes: int | None = None,
               max_copies: int | None = 8) -> float:
     """Seconds per `step` (args -> args of the same shapes), as DESIGN.md and `benchmarks/kernels.py` time kernels.
 
-    K copies of `args` (K x their bytes >= `rotate_bytes`, at most `max_copies`) are stepped in turn, so a step
-    reads operands last touched K steps before (not from the L2); n rounds of that are unrolled in one jit with an
-    `optimization_barrier` after each step (XLA fuses nothing across steps), for n in `lengths`; the time per step
-    is (T(n2) - T(n1)) / ((n2 - n1) K), which cancels the launch overhead; median of `repeats`. (A `fori_loop`
-    chain added 25-40 us per step on an H100 and ranked block sizes wrongly; so did (1, 3) rounds: kernels-h100.md,
-    session 9.)"""
+    K copies of `args` (K x their bytes >= `rotate_bytes`, default `ROTATE_BYTES`; at most `max_copies`) are
+    stepped in turn, so a step reads operands last touched K steps before (not from the L2); n rounds of that are
+    unrolled in one jit with an `optimization_barrier` after each step (XLA fuses nothing across steps), for n in
+    `lengths`; the time per step is (T(n2) - T(n1)) / ((n2 - n1) K), which cancels the launch overhead; median of
+    `repeats`. (A `fori_loop` chain added 25-40 us per step on an H100 and ranked block sizes wrongly; so did (1, 3)
+    rounds: kernels-h100.md, session 9.)"""
+    rotate_bytes = ROTATE_BYTES if rotate_bytes is None else rotate_bytes
     size = sum(a.nbytes for a in jax.tree.leaves(args))
     k = max(1, -(-rotate_bytes // max(size, 1)))
     k = min(k, max_copies) if max_copies else k
