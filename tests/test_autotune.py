@@ -143,6 +143,18 @@ def test_time_step_measures_a_chained_step():
     assert 0.33 < t4 / t1 < 2.5  # per step either way (not per round of 4 copies: that would be ~4)
 
 
+def test_time_step_measures_again_when_the_longer_chain_is_not_slower(monkeypatch, capsys):
+    """A failed measurement (the longer chain no slower than the shorter) is retried, then reported as NaN, which is
+    never the fastest (it was a "0.0 us" row in kernels.py and could have won a tuning)."""
+    timings = iter([2.0, 1.0, 1.0, 3.0])  # (short, long) twice: the first pair failed, the second is 2 s apart
+    monkeypatch.setattr(autotune, "_median_seconds", lambda f, args, repeats: next(timings))
+    x = (jnp.ones((4,)),)
+    assert autotune.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0) == pytest.approx(1.0)
+    monkeypatch.setattr(autotune, "_median_seconds", lambda f, args, repeats: 1.0)
+    assert np.isnan(autotune.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0))
+    assert "no time measured" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("s", "h"), [(128, 64), (512, 64), (256, 128), (64, 32)])
 def test_attention_candidates_fit_the_shapes(s, h):
     q = jax.ShapeDtypeStruct((2, s, 4, h), jnp.bfloat16)
