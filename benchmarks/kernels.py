@@ -35,6 +35,7 @@ from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as bdrln_
 from pallas_kernels.attention import kernel as attention_kernel
 from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
 from pallas_kernels import autotune
+from pallas_kernels._pallas import row_block_candidates
 from pallas_kernels.dropout import seed_from_key
 
 N1, N2 = 2, 10
@@ -224,10 +225,9 @@ def tune_candidates(blocks_cls, pass_, args=()):
         if blocks_cls is module.Blocks:
             width = args[0].shape[-1]
             return module.candidate_blocks(module.default_blocks(args[0].size // width, width), stage=stage)
-    d = blocks_cls()
+    d = blocks_cls()  # the softmax kernel: the row-wise forward list, its own backward chunks
     if pass_ == "fwd":
-        return [dataclasses.replace(d, block_rows=br, num_warps=w)
-                for br, w in ((1, 4), (2, 4), (4, 8), (8, 8), (16, 8))]
+        return row_block_candidates(d, stage="fwd")
     return [dataclasses.replace(d, bwd_block_rows=br, bwd_num_warps=w) for br, w in ((4, 4), (8, 4), (16, 8), (32, 8))]
 
 

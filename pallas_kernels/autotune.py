@@ -180,10 +180,12 @@ def fwd_bwd_bench(fn: Callable, args: tuple):
     return step, args, outputs
 
 
-def choose_rowwise(op: str, kernels, default, fn: Callable, like, *, interpret: bool, **fields):
+def choose_rowwise(op: str, kernels, default, fn: Callable, operands, *, interpret: bool, **fields):
     """`choose` for a row-wise kernel module `kernels` (BDRLN, bias+GELU; Triton or Mosaic GPU): its
     `candidate_blocks` for the forward, then the backward, timed forward+backward of `fn(blocks)(*args)` on random
-    inputs shaped like `like` (the shard's operands). `fields` make the cache key with `op`."""
+    inputs shaped like `operands` (the shard's, possibly tracers: only their shapes and dtypes are kept, so nothing
+    of the caller's trace reaches the tuner's thread). `fields` make the cache key with `op`."""
+    like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operands]
     stages = [lambda best: kernels.candidate_blocks(best, stage="fwd"),
               lambda best: kernels.candidate_blocks(best, stage="bwd")]
     return choose(op, fields, default, stages, lambda: fwd_bwd_bench(fn, random_inputs(like)), interpret=interpret)

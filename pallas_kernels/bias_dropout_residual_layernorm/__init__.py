@@ -70,23 +70,22 @@ def _blocks(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, inte
     rows, d = x.shape
     default = kernels.default_blocks(rows, d)
     operands = dict(x=x, bias=bias, residual=residual, scale=scale, shift=shift)
-    like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operands.values() if a is not None]
+    present = [name for name, a in operands.items() if a is not None]  # names only: no tracer goes to the tuner
     backend = next(name for name, k in BACKENDS.items() if k is kernels)
     seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
 
     def fn(blocks_):
         def op(*args):
-            it = iter(args)
-            a = {k: None if v is None else next(it) for k, v in operands.items()}
+            a = dict.fromkeys(("x", "bias", "residual", "scale", "shift")) | dict(zip(present, args))
             return bias_dropout_residual_layernorm(a["x"], a["bias"], a["residual"], a["scale"], a["shift"],
                                                    seed=seed, rate=rate, eps=eps, interpret=False, blocks=blocks_,
                                                    backend=backend)
         return op
 
     return autotune.choose_rowwise(
-        "bdrln", kernels, default, fn, like, interpret=interpret, backend=backend, rows=rows, d=d,
-        dtype=x.dtype.name, residual=None if residual is None else residual.dtype.name, bias=bias is not None,
-        dropout=bool(rate))
+        "bdrln", kernels, default, fn, [operands[name] for name in present], interpret=interpret, backend=backend,
+        rows=rows, d=d, dtype=x.dtype.name, residual=None if residual is None else residual.dtype.name,
+        bias=bias is not None, dropout=bool(rate))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))

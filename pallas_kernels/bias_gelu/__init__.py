@@ -89,8 +89,7 @@ def _kernels(kernels, blocks, x, bias, *, rate, interpret):
         return lambda x_, b_: bias_gelu(x_, b_, seed=seed, rate=rate, interpret=False, blocks=blocks_,
                                         backend=backend)
 
-    like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, bias)]
-    return kernels, autotune.choose_rowwise("bias_gelu", kernels, default, fn, like, interpret=interpret,
+    return kernels, autotune.choose_rowwise("bias_gelu", kernels, default, fn, (x, bias), interpret=interpret,
                                             backend=backend, rows=x.shape[0], f=x.shape[1], dtype=x.dtype.name,
                                             dropout=bool(rate))
 
