@@ -51,7 +51,7 @@ def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
     `lengths` = (N1, N2) overrides the two run lengths (shorter ones compile faster: layouts/search.py).
     """
     return autotune.time_step(step, carry, lengths=lengths or (N1, N2), repeats=repeats,
-                              rotate_bytes=min_bytes or ROTATE_BYTES[0], max_copies=None)
+                              rotate_bytes=min_bytes or ROTATE_BYTES[0], max_copies=None, nan_on_failure=False)
 
 
 def copy_bandwidth(repeats, scale=1):
