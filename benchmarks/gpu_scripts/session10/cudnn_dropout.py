@@ -53,6 +53,9 @@ def main():
             impls = {k_: f for k_, f in impls.items() if "cuDNN p=0.1" not in k_}
         for name, fn in impls.items():
             try:
+                if os.environ.get("PROFILE"):  # device time per kernel of one unchained fwd+bwd call (run 14)
+                    kb.profile_kernels(kb._grads_as_carry(fn, 3), (q, k, v), 20, 6, f"B{b} S{s} {name}")
+                    continue
                 if os.environ.get("ONLY"):  # one plain (unchained) fwd+bwd first
                     jax.block_until_ready(jax.jit(lambda a, fn=fn: jax.vjp(fn, *a)[1](fn(*a)))((q, k, v)))
                     print(f"B{b} S{s} {name}: one fwd+bwd ran", flush=True)
