@@ -52,7 +52,7 @@ def tune_env(monkeypatch, tmp_path):
 
 
 def _fake_timer(monkeypatch, times):
-    monkeypatch.setattr(autotune, "time_step", lambda blocks, args: times[blocks])
+    monkeypatch.setattr(autotune, "step_clock", lambda blocks, args: lambda: times[blocks])
 
 
 def test_tunes_the_fastest_valid_candidate_and_caches_it(tune_env, monkeypatch, capsys):
@@ -98,13 +98,20 @@ def test_a_winner_is_confirmed_by_retiming(tune_env, monkeypatch, capsys):
     seen = {d: [], lucky: []}
     first = {d: 5e-5, lucky: 3e-5}  # the candidate's first timing is a fluke: 5e-5 like the default's afterwards
 
-    def timer(blocks, args):
-        seen[blocks].append(1)
-        return first[blocks] if len(seen[blocks]) == 1 else 5e-5
+    compiled = []
 
-    monkeypatch.setattr(autotune, "time_step", timer)
+    def clock(blocks, args):  # one compile per configuration; each call of what it returns is one timing
+        compiled.append(blocks)
+
+        def timing():
+            seen[blocks].append(1)
+            return first[blocks] if len(seen[blocks]) == 1 else 5e-5
+        return timing
+
+    monkeypatch.setattr(autotune, "step_clock", clock)
     assert autotune.choose("op", {}, d, [lambda best: [lucky]], _bench({}), interpret=False) == d
     assert "not confirmed" in capsys.readouterr().err and len(seen[d]) == 3 and len(seen[lucky]) == 3
+    assert compiled == [d, lucky]  # the re-timing reuses both configurations' compiled chains
     # A real win repeats and is kept.
     _fake_timer(monkeypatch, {d: 5e-5, lucky: 3e-5})
     assert autotune.choose("op", {"x": 1}, d, [lambda best: [lucky]], _bench({}), interpret=False) == lucky

@@ -70,13 +70,14 @@ def _blocks(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, inte
     rows, d = x.shape
     default = kernels.default_blocks(rows, d)
     operands = dict(x=x, bias=bias, residual=residual, scale=scale, shift=shift)
-    present = [name for name, a in operands.items() if a is not None]  # names only: no tracer goes to the tuner
+    names = tuple(operands)  # names only in what the tuner's thread runs: no tracer of this trace goes there
+    present = [name for name in names if operands[name] is not None]
     backend = next(name for name, k in BACKENDS.items() if k is kernels)
     seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
 
     def fn(blocks_):
         def op(*args):
-            a = dict.fromkeys(("x", "bias", "residual", "scale", "shift")) | dict(zip(present, args))
+            a = dict.fromkeys(names) | dict(zip(present, args))
             return bias_dropout_residual_layernorm(a["x"], a["bias"], a["residual"], a["scale"], a["shift"],
                                                    seed=seed, rate=rate, eps=eps, interpret=False, blocks=blocks_,
                                                    backend=backend)
