@@ -68,11 +68,6 @@ class BlockSizes:
     # Measured per backward form on an H200 (kernels-h200.md, session 8): the train step +2.3% with the one-kernel
     # backward (S=128), -1% with the dK/dV + dQ pair (S=512), so the default follows `fused_bwd`.
     fold_bias: bool = False
-    # Pair form only: the dK/dV kernel also forms each tile's dQ product and adds it into an fp32 (B, S, N, H)
-    # buffer with atomic adds (as FlashAttention-2's and cuDNN's backward do), so no dQ kernel recomputes the
-    # probabilities; XLA zeroes the buffer and rounds it to dQ. The fp32 sums then run in whatever order the key
-    # blocks' programs reach them, so dQ is not bitwise reproducible from run to run (it is within rounding).
-    atomic_dq: bool = False
 
 
 def _fit(cap: int, n: int) -> int:
@@ -146,8 +141,6 @@ def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
     for name, block in dataclasses.asdict(blocks).items():
         if name.startswith("block_") and (not _is_pow2(block) or block < 16):
             raise ValueError(f"{name}={block} must be a power of two >= 16")
-    if blocks.fused_bwd and blocks.atomic_dq:
-        raise ValueError("atomic_dq belongs to the dK/dV + dQ pair: it cannot be set with fused_bwd")
     if blocks.fused_bwd and not _is_pow2(t):
         raise ValueError(f"fused_bwd holds all T={t} keys in one tile: T must be a power of two")
     for name, length in (("block_q", s), ("block_q_dkv", s), ("block_q_dq", s),
@@ -329,14 +322,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, 
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
-                 scale, block_q, heads, t_len, rate, key_major=False, atomic_dq=False):
+                 scale, block_q, heads, t_len, rate, key_major=False):
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
-    # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV (C = 1, 2 written here);
-    # with atomic_dq first the zeroed fp32 dQ buffer's (S, H) block as an aliased input (unread) and last the same
-    # block as an output, into which every program adds its unscaled dS K tiles
-    dq_ref = None
-    if atomic_dq:
-        _, *out_refs, dq_ref = out_refs
+    # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV (C = 1, 2 written here)
     block_k, h = k_ref.shape
     s_len = q_ref.shape[0]
     k_start = pl.program_id(0) * block_k
@@ -354,8 +342,6 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
                             qk_scale=scale * _LOG2E, rate=rate, key_major=key_major, kb=kb)
         if kb is not None:
             ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
-        if dq_ref is not None:  # dQ_i += dS_i K over this program's keys (k unbiased: rows of dS sum to zero)
-            pltriton.atomic_add(dq_ref, (rows, slice(None)), pltriton.dot(ds.astype(k.dtype), k, trans_a=key_major))
         return *_accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major), ds_sum
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
@@ -519,32 +505,18 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
         dkdv_specs = [key_block, key_block]
         dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    # the flat index of the operand after delta: None operands (seed, biases) are dropped
-    after_delta = 7 + (seed is not None) + 2 * (bias is not None)
-    atomic = blocks.atomic_dq
-    if atomic:  # dQ accumulates in a zeroed fp32 buffer aliased to the kernel's last output
-        dq_acc = [jnp.zeros((b, s, n, h), jnp.float32)]
-        dkdv_specs = dkdv_specs + [seq_full]
-        dkdv_shapes = dkdv_shapes + [jax.ShapeDtypeStruct((b, s, n, h), jnp.float32)]
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
-                          key_major=blocks.key_major, atomic_dq=atomic),
+                          key_major=blocks.key_major),
         grid=(t // bk, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
                   _qkv_spec(packed, 2, bk, h, lambda j: j), *_bias_specs(bias),
                   pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), _seed_spec(seed), seq_full, stat_full,
-                  stat_full] + ([seq_full] if atomic else []),
+                  stat_full],
         out_specs=dkdv_specs, out_shape=dkdv_shapes,
-        input_output_aliases={after_delta: len(dkdv_shapes) - 1} if atomic else {},
         compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dkdv",
-    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta, *(dq_acc if atomic else []))
-    if atomic:
-        *dkdv, dq = dkdv
-        dq = (dq * h**-0.5).astype(q.dtype)
-        if packed:
-            return dkdv[0].at[:, :, 0].set(dq)
-        return dq, *dkdv
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta)
 
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
@@ -559,7 +531,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
                   row_block, stat_block, stat_block] + ([dq_spec] if packed else []),
         out_specs=dq_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        input_output_aliases={after_delta: 0} if packed else {},
+        # the aliased operand's flat index: None operands (seed, biases) are dropped
+        input_output_aliases={7 + (seed is not None) + 2 * (bias is not None): 0} if packed else {},
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",

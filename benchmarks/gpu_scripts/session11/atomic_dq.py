@@ -6,6 +6,7 @@ ONLY=a|b: only the rows whose name contains a or b; SHAPE=512 or 128: one shape;
 lowering patched to relaxed memory ordering (it emits acquire-release; an experiment, not shipped); REPEAT=n: every
 row n times, interleaved (run 2).
 
+    patch -p1 < benchmarks/gpu_scripts/session11/atomic_dq.patch   # the atomic form (measured slower, reverted)
     PYTHONPATH=. python benchmarks/gpu_scripts/session11/atomic_dq.py
 """
 import dataclasses
