@@ -14,9 +14,10 @@ an example with no real key at all. Padded keys get the reference's score finfo.
 0 does the same while keeping its logsumexp finite (log2 T) for the backward, where finfo.min + log2 T would round
 back to finfo.min and make every recomputed probability 1 instead of 1/T.
 
-Backward: either a dK/dV kernel (one program per key block, looping over query blocks) and a dQ kernel (one per
-query block, looping over key blocks), or, where a program can hold all T keys (`BlockSizes.fused_bwd`, the default
-at T <= 128), one kernel per (b, n) that forms each query block's probabilities once for dV, dK and dQ together.
+Backward: either a dQ kernel (one program per query block, looping over key blocks; it also forms delta =
+rowsum(dO * O) of its rows) and then a dK/dV kernel (one per key block, looping over query blocks), or, where a
+program can hold all T keys (`BlockSizes.fused_bwd`, the default at T <= 128), one kernel per (b, n) that forms each
+query block's probabilities once for dV, dK and dQ together.
 With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
 
 Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
@@ -324,7 +325,10 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, 
 def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
                  scale, block_q, heads, t_len, rate, key_major=False):
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
-    # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV (C = 1, 2 written here)
+    # out_refs: dk_ref, dv_ref (block_k, H), or (the dQ kernel's packed dQKV as an aliased input, unread; one
+    # (block_k, 3, H) block of it, whose C = 1, 2 rows are written here)
+    if len(out_refs[0].shape) == 3:  # packed: drop the aliased input
+        out_refs = out_refs[1:]
     block_k, h = k_ref.shape
     s_len = q_ref.shape[0]
     k_start = pl.program_id(0) * block_k
@@ -349,16 +353,18 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
     _store_dkdv(out_refs, _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)  # d(q.k * scale)/dk = scale * q
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *refs,
+def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref, *,
                scale, block_k, heads, s_len, rate):
-    # q_ref, do_ref, dq_ref (block_q, H); lse_ref, delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,);
-    # refs: (dq_ref,), or (the packed dQKV as an aliased input, unread; dq_ref = its C = 0 block)
-    dq_ref = refs[-1]
+    # q_ref, do_ref, o_ref, dq_ref (block_q, H) (dq_ref: the C = 0 block of the packed dQKV when packed); lse_ref,
+    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,). Runs before the dK/dV kernel: it forms delta =
+    # rowsum(dO * O) of its rows (read once here, not by a separate XLA pass) and writes it for that kernel.
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
-    q, do, lse, delta = _biased(q_ref[...], qb_ref), do_ref[...], lse_ref[...], delta_ref[...]
+    q, do, lse = _biased(q_ref[...], qb_ref), do_ref[...], lse_ref[...]
+    delta = jnp.sum(o_ref[...].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
+    delta_ref[...] = delta
     cq = _bias_dot(do, vb_ref)  # v's bias: dO_s.bv added to every dP of query s
 
     def body(j, dq):  # dQ = sum_j dS_j K_j over key blocks
@@ -492,13 +498,30 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
                                heads=heads, packed=packed, bias=bias)
-    # delta = rowsum(dO * O) in fp32 (B, N, S): one small reduction that XLA fuses, no kernel needed.
-    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-
-    bk = blocks.block_k_dkv
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
     stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
-    if packed:  # one (block_k, 3, H) block of dQKV; the kernel writes its C = 1, 2 rows, the dQ kernel C = 0
+
+    # dQ first: it also forms delta = rowsum(dO * O) (B, N, S) in fp32, which the dK/dV kernel reads in full.
+    bq = blocks.block_q_dq
+    row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
+    stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
+    dq, delta = pl.pallas_call(
+        functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
+        grid=(s // bq, b, n),
+        in_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), _qkv_spec(packed, 1, t, h, lambda i: 0),
+                  _qkv_spec(packed, 2, t, h, lambda i: 0), *_bias_specs(bias),
+                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed), row_block, stat_block,
+                  row_block],
+        # packed: the C = 0 blocks of a new (B, S, 3, N, H) dQKV, whose C = 1, 2 rows the dK/dV kernel writes
+        out_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), stat_block],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
+        compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
+                                        blocks.num_stages_dq or blocks.num_stages_bwd),
+        interpret=interpret, name="flash_attention_dq",
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, o)
+
+    bk = blocks.block_k_dkv
+    if packed:  # one (block_k, 3, H) block of the dQ kernel's dQKV (aliased); C = 1, 2 written here
         dkdv_specs = [pl.BlockSpec((None, bk, 3, None, h), lambda j, b_, n_: (b_, j, 0, n_, 0))]
         dkdv_shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     else:
@@ -512,33 +535,15 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
                   _qkv_spec(packed, 2, bk, h, lambda j: j), *_bias_specs(bias),
                   pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), _seed_spec(seed), seq_full, stat_full,
-                  stat_full],
+                  stat_full] + (dkdv_specs if packed else []),
         out_specs=dkdv_specs, out_shape=dkdv_shapes,
-        compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
-        interpret=interpret, name="flash_attention_dkdv",
-    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta)
-
-    bq = blocks.block_q_dq
-    row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
-    stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
-    dq_spec = _qkv_spec(packed, 0, bq, h, lambda i: i)
-    extra = dkdv if packed else []  # packed: the dK/dV kernel's buffer, aliased to the output (C = 0 written here)
-    dq = pl.pallas_call(
-        functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
-        grid=(s // bq, b, n),
-        in_specs=[dq_spec, _qkv_spec(packed, 1, t, h, lambda i: 0), _qkv_spec(packed, 2, t, h, lambda i: 0),
-                  *_bias_specs(bias), pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed),
-                  row_block, stat_block, stat_block] + ([dq_spec] if packed else []),
-        out_specs=dq_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         # the aliased operand's flat index: None operands (seed, biases) are dropped
         input_output_aliases={7 + (seed is not None) + 2 * (bias is not None): 0} if packed else {},
-        compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
-                                        blocks.num_stages_dq or blocks.num_stages_bwd),
-        interpret=interpret, name="flash_attention_dq",
-    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta, *extra)
+        compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
+        interpret=interpret, name="flash_attention_dkdv",
+    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta, *([dq] if packed else []))
     if packed:
-        return dq
+        return dkdv[0]
     dk, dv = dkdv
     return dq, dk, dv
 
