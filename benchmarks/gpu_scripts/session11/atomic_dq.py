@@ -46,7 +46,8 @@ def main():
         pair = dataclasses.replace(base, fused_bwd=False, key_major=True, fold_bias=False,
                                    block_q_dkv=64, block_k_dkv=64)
         forms = {"shipped": base}
-        for km in (True, False):
+        atomic = any(f.name == "atomic_dq" for f in dataclasses.fields(base))  # only with atomic_dq.patch applied
+        for km in (True, False) if atomic else ():
             for bq, bk, w in ((64, 64, 4), (32, 64, 4), (64, 128, 8), (128, 64, 8), (32, 128, 4)):
                 forms[f"atomic km={int(km)} {bq}x{bk} w{w}"] = dataclasses.replace(
                     pair, atomic_dq=True, key_major=km, block_q_dkv=bq, block_k_dkv=bk, num_warps_bwd=w)
