@@ -16,8 +16,8 @@ back to finfo.min and make every recomputed probability 1 instead of 1/T.
 
 Backward: either a dQ kernel (one program per query block, looping over key blocks; it also forms delta =
 rowsum(dO * O) of its rows) and then a dK/dV kernel (one per key block, looping over query blocks), or, where a
-program can hold all T keys (`BlockSizes.fused_bwd`; T a power of two), one kernel per (b, n) that forms each query
-block's probabilities once for dV, dK and dQ together.
+program can hold all T keys (`BlockSizes.fused_bwd`, the default at T <= 128), one kernel per (b, n) that forms each
+query block's probabilities once for dV, dK and dQ together.
 With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
 
 Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
@@ -66,9 +66,8 @@ class BlockSizes:
     # dK and dV products then have the key block, not the query block, as their rows (M of the matrix unit).
     key_major: bool = False
     # `flash_attention_qkv(bias=)`: add the Q/K/V bias inside the kernels (True) or by XLA before them (False).
-    # Measured on an H200: the train step +2.3% with the one-kernel backward at S=128 (kernels-h200.md, session 8),
-    # -1% with the dK/dV + dQ pair at S=512; at S=128 the pair with it is 22-25 us faster than without (session
-    # 11, run 2), so the default folds it at T <= 128.
+    # Measured per backward form on an H200 (kernels-h200.md, session 8): the train step +2.3% with the one-kernel
+    # backward (S=128), -1% with the dK/dV + dQ pair (S=512), so the default follows `fused_bwd`.
     fold_bias: bool = False
 
 
@@ -85,22 +84,21 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
 
     H <= 64 (BERT): 128x64 forward tiles with 4 warps, as Triton's fused-attention tutorial uses; the backward
     tiles are smaller because each step holds four fp32 (block_q, block_k) tiles (s/p, dp, ds, the hash) at once,
-    key-major: the dQ + dK/dV pair with 64x32 dQ tiles and 64x64 dK/dV tiles, 32x64 at T <= 128, where the Q/K/V
-    bias is also folded into the kernels (`fold_bias`). Measured on an H200 (kernels-h200.md, session 11, runs 1, 2
-    and 5): at B64 N16 S128 p=0.1 this pair runs fwd+bwd in 127-129 us against 141-148 us for the one-kernel
-    backward (`fused_bwd`, the default from session 7 to 10), and in 160 us against 167-173 us on the packed qkv with
-    the bias, as the layer calls it. Wider heads (not tuned): row-major pair, the key tile halved and the warps
-    doubled to keep the fp32 accumulators in registers.
+    key-major. T <= 128 (a power of two): the one-kernel backward (`fused_bwd`, 32 query rows per step, 8 warps),
+    else the dK/dV (64x64 tiles) + dQ pair. Measured per kernel on an H200 (kernels-h200.md, session 7): at B64
+    S128 p=0.1 the backward fell from 110.5 us (+15 us of XLA for delta) to 101.3; at B16 S512 from 320.6 to 267.0.
+    Wider heads (not tuned): row-major pair, the key tile halved and the warps doubled to keep the fp32 accumulators
+    in registers.
     """
     t = s if t is None else t
     wide = h > 64
-    short = t <= 128 and not wide
+    fused = t <= 128 and _is_pow2(t) and not wide
     return BlockSizes(
         block_q=_fit(128, s), block_k=_fit(32 if wide else 64, t),
-        block_q_dkv=_fit(32 if short or wide else 64, s), block_k_dkv=_fit(64, t),
+        block_q_dkv=_fit(32 if fused or wide else 64, s), block_k_dkv=_fit(64, t),
         block_q_dq=_fit(64, s), block_k_dq=_fit(32, t),
         num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
-        key_major=not wide, fold_bias=short,
+        fused_bwd=fused, key_major=not wide, fold_bias=fused,
     )
 
 
