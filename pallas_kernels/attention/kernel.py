@@ -528,6 +528,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
         dkdv_specs = [key_block, key_block]
         dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    operands = [q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta]
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
                           key_major=blocks.key_major),
@@ -538,10 +539,10 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
                   stat_full] + (dkdv_specs if packed else []),
         out_specs=dkdv_specs, out_shape=dkdv_shapes,
         # the aliased operand's flat index: None operands (seed, biases) are dropped
-        input_output_aliases={7 + (seed is not None) + 2 * (bias is not None): 0} if packed else {},
+        input_output_aliases={sum(x is not None for x in operands): 0} if packed else {},
         compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dkdv",
-    )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta, *([dq] if packed else []))
+    )(*operands, *([dq] if packed else []))
     if packed:
         return dkdv[0]
     dk, dv = dkdv
