@@ -181,6 +181,11 @@ def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, **kw):
             assert _rel_err(got[2][c], ref[2][c]) < tol, ("dbias", c, _rel_err(got[2][c], ref[2][c]))
         scale = float(np.max(np.abs(np.asarray(ref[1], np.float32)))) * qkv.shape[1]
         assert float(np.max(np.abs(np.asarray(got[2][1], np.float32)))) < tol * scale
+        # The kernels sum the bias gradient from the tiles they store: it is dQKV summed over B and S, to fp32
+        # summation order (k's part included, though it is only rounding noise).
+        dqkv_sum = np.asarray(got[1], np.float32).sum(axis=(0, 1))
+        np.testing.assert_allclose(np.asarray(got[2], np.float32), dqkv_sum, rtol=1e-4,
+                                   atol=1e-5 * float(np.max(np.abs(dqkv_sum))))
 
 
 @pytest.mark.parametrize(("dtype", "rate", "bias"), [(jnp.float32, 0.0, None), (jnp.float32, 0.0, "kernels"),

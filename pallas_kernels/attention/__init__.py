@@ -84,34 +84,15 @@ def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, i
     blocks, seed, rate, interpret = _prepare(q, q, q, mask, seed, rate, interpret, block_sizes, batch_offset,
                                              head_offset, packed=True)
     heads = n if total_heads is None else int(total_heads)
-    if bias is not None and not blocks.fold_bias:  # XLA adds it (see `BlockSizes.fold_bias`)
-        qkv, bias = _add_bias(qkv, bias), None
     if bias is None:
         return _flash_qkv(qkv, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
     return _flash_qkv_bias(qkv, bias, kernel.mask_code(mask), seed, rate, interpret, blocks, heads)
 
 
-@jax.custom_vjp
 def _add_bias(qkv, bias):
-    """qkv + bias (3, N, H), the bias rounded to qkv's dtype and the sum rounded once, as the kernels apply it; the
-    bias gradient sums dQKV in fp32 like theirs (autodiff of a bf16 add would sum in bf16: 2% off at 2048 rows)."""
+    """qkv + bias (3, N, H), the bias rounded to qkv's dtype and the sum rounded once, as the kernels apply it (XLA's
+    add where the kernels do not fold the bias: `BlockSizes.fold_bias`)."""
     return (qkv.astype(jnp.float32) + bias.astype(qkv.dtype).astype(jnp.float32)).astype(qkv.dtype)
-
-
-def _add_bias_fwd(qkv, bias):
-    return _add_bias(qkv, bias), bias
-
-
-def _bias_grad(dqkv, bias):
-    """The bias was added to every (b, s) row of qkv: its gradient sums dQKV over them, in fp32."""
-    return jnp.sum(dqkv.astype(jnp.float32), axis=(0, 1)).astype(bias.dtype)
-
-
-def _add_bias_bwd(bias, g):
-    return g, _bias_grad(g, bias)
-
-
-_add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
@@ -125,27 +106,33 @@ def _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias=None):
     return out, (qkv, code, seed, out, lse)
 
 
-def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias=None):
+def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias=None, bias_grad=False):
     qkv, code, seed, out, lse = res
-    dqkv = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                           heads=heads, packed=True, bias=bias)
-    return dqkv, None, None
+    grads = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
+                            heads=heads, packed=True, bias=bias, bias_grad=bias_grad)
+    return grads if bias_grad else (grads, None, None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def _flash_qkv_bias(qkv, bias, code, seed, rate, interpret, blocks, heads):
-    return _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias)[0]
+    return _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, blocks, heads)[0]
 
 
 def _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, blocks, heads):
-    out, res = _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias)
+    """The kernels apply the bias (`blocks.fold_bias`), or XLA adds it first (the residual is then the biased qkv)."""
+    if blocks.fold_bias:
+        out, res = _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias)
+    else:
+        out, res = _flash_qkv_fwd(_add_bias(qkv, bias), code, seed, rate, interpret, blocks, heads)
     return out, (res, bias)
 
 
 def _flash_qkv_bias_bwd(rate, interpret, blocks, heads, res, do):
+    """dQKV, and the bias gradient (dQKV summed over B and S in fp32) from the kernels' per-program column sums."""
     res, bias = res
-    dqkv, _, _ = _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias)
-    return dqkv, _bias_grad(dqkv, bias), None, None
+    dqkv, dbias = _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias if blocks.fold_bias else None,
+                                 bias_grad=True)
+    return dqkv, dbias.astype(bias.dtype), None, None
 
 
 _flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)

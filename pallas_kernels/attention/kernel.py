@@ -271,13 +271,21 @@ def _accumulate_dkdv(dk, dv, pd, ds, q, do, *, key_major):
 
 def _store_dkdv(refs, dk, dv):
     """Write dK (already scaled) and dV: `refs` is (dk_ref, dv_ref), or (one block of the packed dQKV,) whose C = 1, 2
-    rows take them."""
+    rows take them. Returns them as stored (rounded)."""
+    dk, dv = dk.astype(refs[0].dtype), dv.astype(refs[-1].dtype)
     if len(refs) == 2:
-        refs[0][...] = dk.astype(refs[0].dtype)
-        refs[1][...] = dv.astype(refs[1].dtype)
+        refs[0][...] = dk
+        refs[1][...] = dv
     else:
-        refs[0][:, 1, :] = dk.astype(refs[0].dtype)
-        refs[0][:, 2, :] = dv.astype(refs[0].dtype)
+        refs[0][:, 1, :] = dk
+        refs[0][:, 2, :] = dv
+    return dk, dv
+
+
+def _colsum(x):
+    """Column sums (over the rows) of a stored gradient tile, in fp32: this block's share of the Q/K/V bias gradient
+    (`backward(bias_grad=True)`), summed from the values as written, so no pass re-reads dQKV for it."""
+    return jnp.sum(x.astype(jnp.float32), axis=0)
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -323,10 +331,14 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, 
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
-                 scale, block_q, heads, t_len, rate, key_major=False):
+                 scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False):
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
     # out_refs: dk_ref, dv_ref (block_k, H), or (the dQ kernel's packed dQKV as an aliased input, unread; one
-    # (block_k, 3, H) block of it, whose C = 1, 2 rows are written here)
+    # (block_k, 3, H) block of it, whose C = 1, 2 rows are written here); with bias_grad last a (2, H) block for
+    # the column sums of dK and dV
+    sum_ref = None
+    if bias_grad:
+        *out_refs, sum_ref = out_refs
     if len(out_refs[0].shape) == 3:  # packed: drop the aliased input
         out_refs = out_refs[1:]
     block_k, h = k_ref.shape
@@ -350,14 +362,18 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
     dk, dv, ds_sum = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros, jnp.zeros((block_k,), jnp.float32)))
-    _store_dkdv(out_refs, _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)  # d(q.k * scale)/dk = scale * q
+    dk, dv = _store_dkdv(out_refs, _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)  # d(q.k * scale)/dk = scale * q
+    if sum_ref is not None:
+        sum_ref[0, :] = _colsum(dk)
+        sum_ref[1, :] = _colsum(dv)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref, *,
-               scale, block_k, heads, s_len, rate):
+def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref,
+               *sum_ref, scale, block_k, heads, s_len, rate):
     # q_ref, do_ref, o_ref, dq_ref (block_q, H) (dq_ref: the C = 0 block of the packed dQKV when packed); lse_ref,
-    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,). Runs before the dK/dV kernel: it forms delta =
-    # rowsum(dO * O) of its rows (read once here, not by a separate XLA pass) and writes it for that kernel.
+    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); sum_ref: optional (H,) block for dQ's column sums.
+    # Runs before the dK/dV kernel: it forms delta = rowsum(dO * O) of its rows (read once here, not
+    # by a separate XLA pass) and writes it for that kernel.
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
@@ -377,24 +393,31 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, 
         return dq + pltriton.dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
-    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+    dq = (dq * scale).astype(dq_ref.dtype)
+    dq_ref[...] = dq
+    if sum_ref:
+        sum_ref[0][...] = _colsum(dq)
 
 
 def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
-                      scale, block_q, heads, rate, key_major=False):
+                      scale, block_q, heads, rate, key_major=False, bias_grad=False):
     # One program per (b, n) with all T keys: q_ref, do_ref, o_ref (S, H); lse_ref (S,); k_ref, v_ref (T, H);
-    # code_ref (T,); out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV.
+    # code_ref (T,); out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV; with
+    # bias_grad last a (3, H) block for the column sums of dQ, dK, dV.
     # Each query block's probabilities (and dropout mask) are computed once, for dV, dK and dQ together; delta =
     # rowsum(dO * O) is formed here too. dQ rows are final after their step (all keys seen) and stored at once.
     t_len, h = k_ref.shape
     s_len = q_ref.shape[0]
+    sum_ref = None
+    if bias_grad:
+        *out_refs, sum_ref = out_refs
     packed = len(out_refs) == 1
     drop = _dropout_base(seed_ref, heads=heads, s_len=s_len)
     k, v, code = k_ref[...], _biased(v_ref[...], vb_ref), code_ref[...]
     kb = _bias_dot(k, qb_ref)  # q's bias, as in the dK/dV kernel
 
     def body(i, carry):
-        dk, dv, ds_sum = carry
+        dk, dv, ds_sum, dq_sum = carry
         q_start = pl.multiple_of(i * block_q, block_q)
         rows = pl.ds(q_start, block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
@@ -416,11 +439,18 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, d
             out_refs[0][rows, 0, :] = dq
         else:
             out_refs[0][rows, :] = dq
-        return dk, dv, ds_sum
+        if sum_ref is not None:
+            dq_sum = dq_sum + _colsum(dq)
+        return dk, dv, ds_sum, dq_sum
 
     zeros = jnp.zeros((t_len, h), jnp.float32)
-    dk, dv, ds_sum = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros, jnp.zeros((t_len,), jnp.float32)))
-    _store_dkdv(out_refs if packed else out_refs[1:], _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)
+    init = (zeros, zeros, jnp.zeros((t_len,), jnp.float32), jnp.zeros((h,), jnp.float32))
+    dk, dv, ds_sum, dq_sum = lax.fori_loop(0, s_len // block_q, body, init)
+    dk, dv = _store_dkdv(out_refs if packed else out_refs[1:], _dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)
+    if sum_ref is not None:
+        sum_ref[0, :] = dq_sum
+        sum_ref[1, :] = _colsum(dk)
+        sum_ref[2, :] = _colsum(dv)
 
 
 # ---------------------------------------------------------------------------------------------- pallas_calls
@@ -489,15 +519,17 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
 
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes, interpret: bool,
-             heads: int | None = None, packed: bool = False, bias=None):
-    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` and `bias` as in `forward` (the bias gradient, a sum of
-    dQKV, is the caller's). `packed` (q, k, v one (B, S, 3, N, H) array): the packed dQKV (B, S, 3, N, H), written
-    in place by both kernels (no concatenation)."""
+             heads: int | None = None, packed: bool = False, bias=None, bias_grad: bool = False):
+    """(dq, dk, dv) in the dtypes of (q, k, v); `heads` and `bias` as in `forward`. `packed` (q, k, v one
+    (B, S, 3, N, H) array): the packed dQKV (B, S, 3, N, H), written in place by both kernels (no concatenation).
+    `bias_grad`: ((those), dbias) with dbias (3, N, H) in fp32, the sums of dQ, dK, dV over B and S (the gradient of
+    a Q/K/V bias added before attention, folded or not): each program sums the columns of the tiles it stores, and
+    XLA adds those per-program sums, so dQKV is not read again for it."""
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                               heads=heads, packed=packed, bias=bias)
+                               heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
     stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
 
@@ -505,7 +537,11 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
-    dq, delta = pl.pallas_call(
+    sum_specs, sum_shapes = [], []
+    if bias_grad:  # dQ's column sums per program
+        sum_specs = [pl.BlockSpec((None, None, None, h), lambda i, b_, n_: (i, b_, n_, 0))]
+        sum_shapes = [jax.ShapeDtypeStruct((s // bq, b, n, h), jnp.float32)]
+    dq, delta, *dq_sums = pl.pallas_call(
         functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
         in_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), _qkv_spec(packed, 1, t, h, lambda i: 0),
@@ -513,8 +549,9 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
                   pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed), row_block, stat_block,
                   row_block],
         # packed: the C = 0 blocks of a new (B, S, 3, N, H) dQKV, whose C = 1, 2 rows the dK/dV kernel writes
-        out_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), stat_block],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
+        out_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), stat_block, *sum_specs],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32),
+                   *sum_shapes],
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
@@ -528,28 +565,35 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
         key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
         dkdv_specs = [key_block, key_block]
         dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    if bias_grad:  # dK's and dV's column sums per program
+        dkdv_specs = dkdv_specs + [pl.BlockSpec((None, None, None, 2, h), lambda j, b_, n_: (j, b_, n_, 0, 0))]
+        dkdv_shapes = dkdv_shapes + [jax.ShapeDtypeStruct((t // bk, b, n, 2, h), jnp.float32)]
     operands = [q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta]
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
-                          key_major=blocks.key_major),
+                          key_major=blocks.key_major, bias_grad=bias_grad),
         grid=(t // bk, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
                   _qkv_spec(packed, 2, bk, h, lambda j: j), *_bias_specs(bias),
                   pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), _seed_spec(seed), seq_full, stat_full,
-                  stat_full] + (dkdv_specs if packed else []),
+                  stat_full] + (dkdv_specs[:1] if packed else []),
         out_specs=dkdv_specs, out_shape=dkdv_shapes,
         # the aliased operand's flat index: None operands (seed, biases) are dropped
         input_output_aliases={sum(x is not None for x in operands): 0} if packed else {},
         compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dkdv",
     )(*operands, *([dq] if packed else []))
-    if packed:
-        return dkdv[0]
-    dk, dv = dkdv
-    return dq, dk, dv
+    if bias_grad:
+        *dkdv, dkdv_sums = dkdv
+    grads = dkdv[0] if packed else (dq, *dkdv)
+    if not bias_grad:
+        return grads
+    dbias = jnp.concatenate([jnp.sum(dq_sums[0], axis=(0, 1))[None], jnp.sum(dkdv_sums, axis=(0, 1)).swapaxes(0, 1)])
+    return grads, dbias
 
 
-def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None):
+def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None,
+                    bias_grad=False):
     """`backward` as one kernel per (b, n) (`BlockSizes.fused_bwd`): grid (1, B, N), every block spans S or T."""
     b, s, n, h, t = _shapes(q, k, packed)
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
@@ -560,9 +604,12 @@ def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret,
         key_full = pl.BlockSpec((None, t, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
         out_specs = [seq_full, key_full, key_full]
         out_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    if bias_grad:  # the column sums of dQ, dK, dV per (b, n)
+        out_specs = out_specs + [pl.BlockSpec((None, None, 3, h), lambda j, b_, n_: (b_, n_, 0, 0))]
+        out_shapes = out_shapes + [jax.ShapeDtypeStruct((b, n, 3, h), jnp.float32)]
     grads = pl.pallas_call(
         functools.partial(_bwd_fused_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, rate=rate,
-                          key_major=blocks.key_major),
+                          key_major=blocks.key_major, bias_grad=bias_grad),
         grid=(1, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, t, h, lambda j: 0),
                   _qkv_spec(packed, 2, t, h, lambda j: 0), *_bias_specs(bias),
@@ -572,4 +619,7 @@ def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret,
         compiler_params=compiler_params(blocks.num_warps_fused, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_bwd_fused",
     )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, o)
-    return grads[0] if packed else tuple(grads)
+    if bias_grad:
+        *grads, sums = grads
+    grads = grads[0] if packed else tuple(grads)
+    return (grads, jnp.sum(sums, axis=0).swapaxes(0, 1)) if bias_grad else grads
