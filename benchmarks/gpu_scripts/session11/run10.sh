@@ -8,6 +8,6 @@ rm -rf /tmp/old && cp -r . /tmp/old && (cd /tmp/old && patch -s -p1 -R < benchma
 for tree in new old; do
   d=.; [ $tree = old ] && d=/tmp/old
   (cd $d && XLA_FLAGS=--xla_gpu_enable_command_buffer= timeout 120 python \
-      /work/main/benchmarks/gpu_scripts/session11/bias_grad.py 2>&1) > $OUT/prof_$tree.txt
+      benchmarks/gpu_scripts/session11/bias_grad.py 2>&1) > $OUT/prof_$tree.txt
   echo "== $tree rc $?"; grep "kernels of\|  [0-9 .]* us " $OUT/prof_$tree.txt | cut -c1-150
 done
