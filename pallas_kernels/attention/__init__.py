@@ -72,7 +72,7 @@ def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, i
     `bias` (3, N, H), optional: the projection's bias; the result is `attention_qkv(qkv + bias)` (the add rounded in
     qkv's dtype). With `block_sizes.fold_bias` (the default where the backward is one kernel) the kernels apply it
     themselves, so the projection's output is never rewritten with it (AIB fused); else XLA adds it before them.
-    Differentiable: its gradient is dQKV summed over B and S.
+    Differentiable: its gradient is dQKV summed over B and S (in fp32, by the backward kernels as they store dQKV).
     Same mask, dropout and other arguments as `flash_attention`.
     """
     if qkv.ndim != 5 or qkv.shape[2] != 3:
