@@ -106,11 +106,11 @@ def _flash_qkv_fwd(qkv, code, seed, rate, interpret, blocks, heads, bias=None):
     return out, (qkv, code, seed, out, lse)
 
 
-def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias=None, bias_grad=False):
+def _flash_qkv_bwd(rate, interpret, blocks, heads, res, do):
     qkv, code, seed, out, lse = res
-    grads = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                            heads=heads, packed=True, bias=bias, bias_grad=bias_grad)
-    return grads if bias_grad else (grads, None, None)
+    dqkv = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
+                           heads=heads, packed=True)
+    return dqkv, None, None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
@@ -129,9 +129,10 @@ def _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, blocks, heads):
 
 def _flash_qkv_bias_bwd(rate, interpret, blocks, heads, res, do):
     """dQKV, and the bias gradient (dQKV summed over B and S in fp32) from the kernels' per-program column sums."""
-    res, bias = res
-    dqkv, dbias = _flash_qkv_bwd(rate, interpret, blocks, heads, res, do, bias if blocks.fold_bias else None,
-                                 bias_grad=True)
+    (qkv, code, seed, out, lse), bias = res
+    dqkv, dbias = kernel.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks,
+                                  interpret=interpret, heads=heads, packed=True,
+                                  bias=bias if blocks.fold_bias else None, bias_grad=True)
     return dqkv, dbias.astype(bias.dtype), None, None
 
 
