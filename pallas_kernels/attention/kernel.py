@@ -378,8 +378,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, 
                *sum_ref, scale, block_k, heads, s_len, rate):
     # q_ref, do_ref, o_ref, dq_ref (block_q, H) (dq_ref: the C = 0 block of the packed dQKV when packed); lse_ref,
     # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); sum_ref: optional (H,) block for dQ's column sums.
-    # Runs before the dK/dV kernel: it forms delta = rowsum(dO * O) of its rows (read once here, not
-    # by a separate XLA pass) and writes it for that kernel.
+    # Runs before the dK/dV kernel: it forms delta = rowsum(dO * O) of its rows (read once here, not by a separate
+    # XLA pass) and writes it for that kernel.
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
