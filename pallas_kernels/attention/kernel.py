@@ -337,7 +337,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, 
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
-                 scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False):
+                 scale, block_q, heads, t_len, rate, key_major=False, packed=False, bias_grad=False):
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
     # out_refs: dk_ref, dv_ref (block_k, H), or (the dQ kernel's packed dQKV as an aliased input, unread; one
     # (block_k, 3, H) block of it, whose C = 1, 2 rows are written here); with bias_grad last a (2, H) block for
@@ -345,7 +345,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
     sum_ref = None
     if bias_grad:
         *out_refs, sum_ref = out_refs
-    if len(out_refs[0].shape) == 3:  # packed: drop the aliased input
+    if packed:  # drop the aliased input
         out_refs = out_refs[1:]
     block_k, h = k_ref.shape
     s_len = q_ref.shape[0]
@@ -536,9 +536,6 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
                                heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
-    seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
-    stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
-
     # dQ first: it also forms delta = rowsum(dO * O) (B, N, S) in fp32, which the dK/dV kernel reads in full.
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
@@ -564,6 +561,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, o)
 
     bk = blocks.block_k_dkv
+    seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
+    stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
     if packed:  # one (block_k, 3, H) block of the dQ kernel's dQKV (aliased); C = 1, 2 written here
         dkdv_specs = [pl.BlockSpec((None, bk, 3, None, h), lambda j, b_, n_: (b_, j, 0, n_, 0))]
         dkdv_shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
@@ -577,7 +576,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     operands = [q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta]
     dkdv = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
-                          key_major=blocks.key_major, bias_grad=bias_grad),
+                          key_major=blocks.key_major, packed=packed, bias_grad=bias_grad),
         grid=(t // bk, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
                   _qkv_spec(packed, 2, bk, h, lambda j: j), *_bias_specs(bias),
