@@ -84,13 +84,16 @@ def test_matches_reference_small_blocks_varied_lengths():
     _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, block_sizes=_SMALL)
 
 
-@pytest.mark.parametrize(("fused", "key_major"), [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize(("fused", "key_major", "store_ds"), [(True, False, False), (True, True, False),
+                                                              (False, True, False), (False, True, True),
+                                                              (False, False, True)])
 @pytest.mark.parametrize("packed", [False, True])
-def test_backward_variants_match_reference(packed, fused, key_major):
+def test_backward_variants_match_reference(packed, fused, key_major, store_ds):
     # The one-kernel backward (one program per (b, n) holding all T keys; dQ, dK, dV from one pass over the query
-    # blocks) and the key-major tiles (of it and of the dK/dV kernel), with several query steps, dropout, a length
-    # inside a block and an example with no real key; S != T. (The pair, row-major, runs in the tests above.)
-    blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major, fold_bias=True)
+    # blocks), the key-major tiles (of it and of the dK/dV kernel) and the pair with dS stored by the dK/dV kernel for
+    # the dQ product, with several query steps, dropout, a length inside a block and an example with no real key;
+    # S != T. (The pair, row-major, runs in the tests above.)
+    blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major, fold_bias=True, store_ds=store_ds)
     if packed:
         qkv = jax.random.normal(jax.random.key(17), (3, 64, 3, 2, 32), jnp.float32)
         g = jax.random.normal(jax.random.key(18), (3, 64, 2, 32), jnp.float32)
@@ -231,7 +234,7 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
 # dK/dV + dQ pair, row- or key-major tiles).
 _GPU_CASES = [(128, {}), (128, {"fused_bwd": False, "key_major": False}), (128, {"fused_bwd": True, "key_major": True}),
               (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"key_major": False}),
-              (512, {"key_major": True})]
+              (512, {"key_major": True}), (512, {"store_ds": True}), (512, {"store_ds": True, "key_major": False})]
 
 
 def _gpu_blocks(s, variant):

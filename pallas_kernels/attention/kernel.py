@@ -69,6 +69,11 @@ class BlockSizes:
     # Measured per backward form on an H200 (kernels-h200.md, session 8): the train step +2.3% with the one-kernel
     # backward (S=128), -1% with the dK/dV + dQ pair (S=512), so the default follows `fused_bwd`.
     fold_bias: bool = False
+    # The dK/dV + dQ pair only (ignored with `fused_bwd`): the dK/dV kernel runs first and also stores dS (in q's
+    # dtype, as the dQ product reads it; (B, N, T, S) with key-major tiles, else (B, N, S, T)), and the dQ kernel
+    # multiplies it by K instead of recomputing the scores, probabilities, dropout mask and dP (delta then comes
+    # from an XLA pass before the pair). Trades the dQ kernel's recompute for one write and one read of dS.
+    store_ds: bool = False
 
 
 def _fit(cap: int, n: int) -> int:
@@ -337,15 +342,19 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, 
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
-                 scale, block_q, heads, t_len, rate, key_major=False, packed=False, bias_grad=False):
+                 scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False, aliased=False,
+                 store_ds=False):
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
-    # out_refs: dk_ref, dv_ref (block_k, H), or (the dQ kernel's packed dQKV as an aliased input, unread; one
-    # (block_k, 3, H) block of it, whose C = 1, 2 rows are written here); with bias_grad last a (2, H) block for
-    # the column sums of dK and dV
-    sum_ref = None
+    # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV, whose C = 1, 2 rows are
+    # written here (`aliased`: the dQ kernel's dQKV, passed first as an unread input); then with bias_grad a (2, H)
+    # block for the column sums of dK and dV; last with store_ds this key block's dS, (block_k, S) key-major or
+    # (S, block_k)
+    ds_ref = sum_ref = None
+    if store_ds:
+        *out_refs, ds_ref = out_refs
     if bias_grad:
         *out_refs, sum_ref = out_refs
-    if packed:  # drop the aliased input
+    if aliased:  # drop the aliased input
         out_refs = out_refs[1:]
     block_k, h = k_ref.shape
     s_len = q_ref.shape[0]
@@ -364,6 +373,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
                             qk_scale=scale * _LOG2E, rate=rate, key_major=key_major, kb=kb)
         if kb is not None:
             ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
+        if ds_ref is not None:  # rounded as the dK product (and the dQ kernel's) takes it
+            if key_major:
+                ds_ref[:, rows] = ds.astype(ds_ref.dtype)
+            else:
+                ds_ref[rows, :] = ds.astype(ds_ref.dtype)
         return *_accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major), ds_sum
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
@@ -403,6 +417,28 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, 
     dq_ref[...] = dq
     if sum_ref:
         sum_ref[0][...] = _colsum(dq)
+
+
+def _dq_from_ds_kernel(ds_ref, k_ref, *refs, scale, block_k, key_major, aliased, bias_grad):
+    # ds_ref: this query block's dS as the dK/dV kernel stored it, (T, block_q) key-major or (block_q, T); k_ref (T, H);
+    # refs: (the packed dQKV as an aliased input, unread, if `aliased`), dq_ref (block_q, H), (a (H,) block for dQ's
+    # column sums if bias_grad). dQ = dS K: no scores, mask or probabilities here (`BlockSizes.store_ds`).
+    if aliased:
+        refs = refs[1:]
+    dq_ref = refs[0]
+    t_len, h = k_ref.shape
+    block_q = dq_ref.shape[0]
+
+    def body(j, dq):
+        kv = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+        ds = ds_ref[kv, :] if key_major else ds_ref[:, kv]
+        return dq + pltriton.dot(ds, k_ref[kv, :], trans_a=key_major)
+
+    dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
+    dq = (dq * scale).astype(dq_ref.dtype)
+    dq_ref[...] = dq
+    if bias_grad:
+        refs[1][...] = _colsum(dq)
 
 
 def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
@@ -536,14 +572,13 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
                                heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
+    if blocks.store_ds:
+        return _backward_stored_ds(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
+                                   heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
     # dQ first: it also forms delta = rowsum(dO * O) (B, N, S) in fp32, which the dK/dV kernel reads in full.
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
-    sum_specs, sum_shapes = [], []
-    if bias_grad:  # dQ's column sums per program
-        sum_specs = [pl.BlockSpec((None, None, None, h), lambda i, b_, n_: (i, b_, n_, 0))]
-        sum_shapes = [jax.ShapeDtypeStruct((s // bq, b, n, h), jnp.float32)]
     dq, delta, *dq_sums = pl.pallas_call(
         functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
@@ -552,49 +587,114 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
                   pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), _seed_spec(seed), row_block, stat_block,
                   row_block],
         # packed: the C = 0 blocks of a new (B, S, 3, N, H) dQKV, whose C = 1, 2 rows the dK/dV kernel writes
-        out_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), stat_block, *sum_specs],
+        out_specs=[_qkv_spec(packed, 0, bq, h, lambda i: i), stat_block, *_dq_sum_spec(bias_grad, h)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32),
-                   *sum_shapes],
+                   *_dq_sum_shape(bias_grad, s // bq, b, n, h)],
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
     )(q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, o)
+    dkdv, dkdv_sums, _ = _dkdv_call(q, k, v, code, seed, do, lse, delta, rate=rate, blocks=blocks,
+                                    interpret=interpret, heads=heads, packed=packed, bias=bias, bias_grad=bias_grad,
+                                    dqkv=dq if packed else None)
+    grads = dkdv[0] if packed else (dq, *dkdv)
+    return (grads, _pair_dbias(dq_sums[0], dkdv_sums)) if bias_grad else grads
 
+
+def _dq_sum_spec(bias_grad: bool, h: int):
+    """The dQ kernels' per-program column sums of dQ: a (H,) block of a (S // block_q, B, N, H) array (none without
+    bias_grad)."""
+    return [pl.BlockSpec((None, None, None, h), lambda i, b_, n_: (i, b_, n_, 0))] if bias_grad else []
+
+
+def _dq_sum_shape(bias_grad: bool, *shape):
+    return [jax.ShapeDtypeStruct(shape, jnp.float32)] if bias_grad else []
+
+
+def _pair_dbias(dq_sums, dkdv_sums):
+    """(3, N, H) bias gradient from the pair's per-program column sums: dQ's (S/bq, B, N, H), dK/dV's (T/bk, B, N, 2,
+    H)."""
+    return jnp.concatenate([jnp.sum(dq_sums, axis=(0, 1))[None], jnp.sum(dkdv_sums, axis=(0, 1)).swapaxes(0, 1)])
+
+
+def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, heads, packed, bias, bias_grad,
+               dqkv=None, store_ds=False):
+    """The dK/dV kernel: ((dk, dv) or (packed dQKV,), per-program column sums or None, dS or None). Packed, it
+    writes C = 1, 2 of `dqkv` in place (aliased; the dQ kernel's) or, without one, of a new (B, S, 3, N, H) array
+    whose C = 0 the dQ kernel fills. `store_ds`: also dS in q's dtype, (B, N, T, S) key-major, else (B, N, S, T)."""
+    b, s, n, h, t = _shapes(q, k, packed)
     bk = blocks.block_k_dkv
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
     stat_full = pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0))
-    if packed:  # one (block_k, 3, H) block of the dQ kernel's dQKV (aliased); C = 1, 2 written here
-        dkdv_specs = [pl.BlockSpec((None, bk, 3, None, h), lambda j, b_, n_: (b_, j, 0, n_, 0))]
-        dkdv_shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if packed:  # one (block_k, 3, H) block of the packed dQKV; C = 1, 2 written here
+        out_specs = [pl.BlockSpec((None, bk, 3, None, h), lambda j, b_, n_: (b_, j, 0, n_, 0))]
+        out_shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     else:
         key_block = pl.BlockSpec((None, bk, None, h), lambda j, b_, n_: (b_, j, n_, 0))
-        dkdv_specs = [key_block, key_block]
-        dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+        out_specs = [key_block, key_block]
+        out_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    n_grads = len(out_specs)
     if bias_grad:  # dK's and dV's column sums per program
-        dkdv_specs = dkdv_specs + [pl.BlockSpec((None, None, None, 2, h), lambda j, b_, n_: (j, b_, n_, 0, 0))]
-        dkdv_shapes = dkdv_shapes + [jax.ShapeDtypeStruct((t // bk, b, n, 2, h), jnp.float32)]
+        out_specs = out_specs + [pl.BlockSpec((None, None, None, 2, h), lambda j, b_, n_: (j, b_, n_, 0, 0))]
+        out_shapes = out_shapes + [jax.ShapeDtypeStruct((t // bk, b, n, 2, h), jnp.float32)]
+    if store_ds:
+        if blocks.key_major:
+            out_specs = out_specs + [pl.BlockSpec((None, None, bk, s), lambda j, b_, n_: (b_, n_, j, 0))]
+            out_shapes = out_shapes + [jax.ShapeDtypeStruct((b, n, t, s), q.dtype)]
+        else:
+            out_specs = out_specs + [pl.BlockSpec((None, None, s, bk), lambda j, b_, n_: (b_, n_, 0, j))]
+            out_shapes = out_shapes + [jax.ShapeDtypeStruct((b, n, s, t), q.dtype)]
+    aliased = dqkv is not None
     operands = [q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta]
-    dkdv = pl.pallas_call(
+    outs = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
-                          key_major=blocks.key_major, packed=packed, bias_grad=bias_grad),
+                          key_major=blocks.key_major, bias_grad=bias_grad, aliased=aliased,
+                          store_ds=store_ds),
         grid=(t // bk, b, n),
         in_specs=[_qkv_spec(packed, 0, s, h, lambda j: 0), _qkv_spec(packed, 1, bk, h, lambda j: j),
                   _qkv_spec(packed, 2, bk, h, lambda j: j), *_bias_specs(bias),
                   pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), _seed_spec(seed), seq_full, stat_full,
-                  stat_full] + (dkdv_specs[:1] if packed else []),
-        out_specs=dkdv_specs, out_shape=dkdv_shapes,
+                  stat_full] + (out_specs[:1] if aliased else []),
+        out_specs=out_specs, out_shape=out_shapes,
         # the aliased operand's flat index: None operands (seed, biases) are dropped
-        input_output_aliases={sum(x is not None for x in operands): 0} if packed else {},
+        input_output_aliases={sum(x is not None for x in operands): 0} if aliased else {},
         compiler_params=compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dkdv",
-    )(*operands, *([dq] if packed else []))
-    if bias_grad:
-        *dkdv, dkdv_sums = dkdv
-    grads = dkdv[0] if packed else (dq, *dkdv)
-    if not bias_grad:
-        return grads
-    dbias = jnp.concatenate([jnp.sum(dq_sums[0], axis=(0, 1))[None], jnp.sum(dkdv_sums, axis=(0, 1)).swapaxes(0, 1)])
-    return grads, dbias
+    )(*operands, *([dqkv] if aliased else []))
+    grads, rest = list(outs[:n_grads]), list(outs[n_grads:])
+    sums = rest.pop(0) if bias_grad else None
+    return grads, sums, (rest[0] if store_ds else None)
+
+
+def _backward_stored_ds(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None,
+                        bias_grad=False):
+    """`backward` with `BlockSizes.store_ds`: delta by XLA, the dK/dV kernel (storing dS), then dQ = dS K."""
+    b, s, n, h, t = _shapes(q, k, packed)
+    delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))
+    dkdv, dkdv_sums, ds = _dkdv_call(q, k, v, code, seed, do, lse, delta, rate=rate, blocks=blocks,
+                                     interpret=interpret, heads=heads, packed=packed, bias=bias,
+                                     bias_grad=bias_grad, store_ds=True)
+    bq = blocks.block_q_dq
+    if blocks.key_major:
+        ds_spec = pl.BlockSpec((None, None, t, bq), lambda i, b_, n_: (b_, n_, 0, i))
+    else:
+        ds_spec = pl.BlockSpec((None, None, bq, t), lambda i, b_, n_: (b_, n_, i, 0))
+    dq_spec = _qkv_spec(packed, 0, bq, h, lambda i: i)
+    dq, *dq_sums = pl.pallas_call(
+        functools.partial(_dq_from_ds_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, key_major=blocks.key_major,
+                          aliased=packed, bias_grad=bias_grad),
+        grid=(s // bq, b, n),
+        in_specs=[ds_spec, _qkv_spec(packed, 1, t, h, lambda i: 0)] + ([dq_spec] if packed else []),
+        # packed: C = 0 of the dK/dV kernel's dQKV, written in place
+        out_specs=[dq_spec, *_dq_sum_spec(bias_grad, h)],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), *_dq_sum_shape(bias_grad, s // bq, b, n, h)],
+        input_output_aliases={2: 0} if packed else {},
+        compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
+                                        blocks.num_stages_dq or blocks.num_stages_bwd),
+        interpret=interpret, name="flash_attention_dq_from_ds",
+    )(ds, k, *([dkdv[0]] if packed else []))
+    grads = dq if packed else (dq, *dkdv)
+    return (grads, _pair_dbias(dq_sums[0], dkdv_sums)) if bias_grad else grads
 
 
 def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None,
