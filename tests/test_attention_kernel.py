@@ -106,6 +106,8 @@ def test_backward_variants_match_reference(packed, fused, key_major, store_ds):
 def test_default_backward_kernels():
     assert default_block_sizes(128, 64).fused_bwd and default_block_sizes(64, 32).fused_bwd  # the tests' shapes
     assert not default_block_sizes(512, 64).fused_bwd and not default_block_sizes(128, 128).fused_bwd
+    assert default_block_sizes(512, 64).store_ds and default_block_sizes(512, 64).key_major  # dS stored: key-major
+    assert not default_block_sizes(128, 64).store_ds and not default_block_sizes(512, 128).store_ds
     q, k, v, _ = _inputs(jax.random.key(20), 1, 32, 96, 1, 32, jnp.float32)
     with pytest.raises(ValueError, match="T=96 keys in one tile"):
         flash_attention(q, k, v, jnp.ones((1, 96), bool), block_sizes=dataclasses.replace(_SMALL, fused_bwd=True))
@@ -231,10 +233,10 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
 
 
 # The GPU shapes: the defaults at S = 128 and 512, and the other backward variants (the one-kernel backward or the
-# dK/dV + dQ pair, row- or key-major tiles).
+# dK/dV + dQ pair, row- or key-major tiles, dS stored for the dQ product or recomputed).
 _GPU_CASES = [(128, {}), (128, {"fused_bwd": False, "key_major": False}), (128, {"fused_bwd": True, "key_major": True}),
-              (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"key_major": False}),
-              (512, {"key_major": True}), (512, {"store_ds": True}), (512, {"store_ds": True, "key_major": False})]
+              (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"store_ds": False}),
+              (512, {"key_major": False, "store_ds": False}), (512, {"key_major": False})]
 
 
 def _gpu_blocks(s, variant):

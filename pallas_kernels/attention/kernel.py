@@ -15,9 +15,10 @@ an example with no real key at all. Padded keys get the reference's score finfo.
 back to finfo.min and make every recomputed probability 1 instead of 1/T.
 
 Backward: either a dQ kernel (one program per query block, looping over key blocks; it also forms delta =
-rowsum(dO * O) of its rows) and then a dK/dV kernel (one per key block, looping over query blocks), or, where a
-program can hold all T keys (`BlockSizes.fused_bwd`, the default at T <= 128), one kernel per (b, n) that forms each
-query block's probabilities once for dV, dK and dQ together.
+rowsum(dO * O) of its rows) and then a dK/dV kernel (one per key block, looping over query blocks); or, with
+`BlockSizes.store_ds` (the default for the key-major pair, T > 128), the dK/dV kernel first (delta from XLA), storing
+dS, then a dQ = dS K kernel; or, where a program can hold all T keys (`BlockSizes.fused_bwd`, the default at
+T <= 128), one kernel per (b, n) that forms each query block's probabilities once for dV, dK and dQ together.
 With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
 
 Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
@@ -92,18 +93,21 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
     key-major. T <= 128 (a power of two): the one-kernel backward (`fused_bwd`, 32 query rows per step, 8 warps),
     else the dK/dV (64x64 tiles) + dQ pair. Measured per kernel on an H200 (kernels-h200.md, session 7): at B64
     S128 p=0.1 the backward fell from 110.5 us (+15 us of XLA for delta) to 101.3; at B16 S512 from 320.6 to 267.0.
-    Wider heads (not tuned): row-major pair, the key tile halved and the warps doubled to keep the fp32 accumulators
-    in registers.
+    The key-major pair stores dS for a dQ = dS K kernel with 128x64 tiles (`store_ds`; session 12, B16 S512 p=0.1:
+    dK/dV 153.6 -> 167.7 us, dQ 116.6 -> 50.1, plus a 5.1 us XLA delta: -48.7 us per call; row-major tiles store
+    it slower). Wider heads (not tuned): row-major pair, the key tile halved and the warps doubled to keep the fp32
+    accumulators in registers.
     """
     t = s if t is None else t
     wide = h > 64
     fused = t <= 128 and _is_pow2(t) and not wide
+    store_ds = not fused and not wide
     return BlockSizes(
         block_q=_fit(128, s), block_k=_fit(32 if wide else 64, t),
         block_q_dkv=_fit(32 if fused or wide else 64, s), block_k_dkv=_fit(64, t),
-        block_q_dq=_fit(64, s), block_k_dq=_fit(32, t),
+        block_q_dq=_fit(128 if store_ds else 64, s), block_k_dq=_fit(64 if store_ds else 32, t),
         num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
-        fused_bwd=fused, key_major=not wide, fold_bias=fused,
+        fused_bwd=fused, key_major=not wide, fold_bias=fused, store_ds=store_ds,
     )
 
 
@@ -118,9 +122,11 @@ def candidate_block_sizes(around: BlockSizes, s: int, h: int, t: int | None = No
                                       (128, 64, 4, 2))]
     if stage != "bwd":
         raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
+    # dS stored only with key-major tiles (row-major measured slower: session 12); one candidate toggles it.
     pairs = [dataclasses.replace(around, fused_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
-                                 block_k_dkv=_fit(bk, t), num_warps_bwd=w)
+                                 block_k_dkv=_fit(bk, t), num_warps_bwd=w, store_ds=km and around.store_ds)
              for km in (False, True) for bq, bk, w in ((32, 64, 4), (64, 64, 4), (32, 32, 4), (64, 128, 8))]
+    pairs.append(dataclasses.replace(around, fused_bwd=False, store_ds=not around.store_ds))
     fused = [dataclasses.replace(around, fused_bwd=True, key_major=km, block_q_dkv=_fit(bq, s), num_warps_fused=w)
              for km in (False, True) for bq, w in ((16, 4), (32, 8), (64, 8))] if t <= 128 and _is_pow2(t) else []
     return pairs + fused
