@@ -3,6 +3,8 @@
 added by XLA at S=512, its gradient from the kernels), B16 N16 S512 H64 bf16, key lengths in [S/2, S].
 
 Part 1 (`profile`): per-kernel device time of one unchained fwd+bwd call (run with XLA's command buffers off).
+Part 1b (`sweep`): the same profile for dK/dV kernel tiles and launch settings with dS stored (the default since
+run 2; session 11 swept them for the recomputing pair).
 Part 2 (`time`): chained fwd+bwd per call with inputs rotated over 180 MB (benchmarks/kernels.py's method), variants
 alternated, so the shipped default is timed first and last.
 
@@ -31,6 +33,11 @@ VARIANTS = {
     "store_ds dq 128x64 w8": dict(store_ds=True, block_q_dq=128, block_k_dq=64, num_warps_dq=8),
     "store_ds row-major": dict(store_ds=True, key_major=False),
 }
+SWEEP = {"default": {}}
+for _bq, _bk, _w, _st in ((32, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
+                          (64, 64, 8, 3), (64, 64, 4, 4), (128, 128, 8, 3)):
+    SWEEP[f"dkdv {_bq}x{_bk} w{_w} s{_st}"] = dict(block_q_dkv=_bq, block_k_dkv=_bk, num_warps_bwd=_w,
+                                                   num_stages_bwd=_st, num_warps_dq=4, num_stages_dq=3)
 
 
 def setup(s=512, b=16, n=16):
@@ -53,8 +60,8 @@ def step_for(change, mask, rate, s=512):
 def main(mode):
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, mode {mode}", flush=True)
     qkv, bias, mask = setup()
-    if mode == "profile":
-        for name, change in VARIANTS.items():
+    if mode in ("profile", "sweep"):
+        for name, change in (VARIANTS if mode == "profile" else SWEEP).items():
             try:
                 kb.profile_kernels(step_for(change, mask, 0.1), (qkv, bias), 20, 8, name)
             except Exception as e:  # noqa: BLE001
