@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--kernels", default="xla")
     ap.add_argument("--dropout", type=float, default=None)
     ap.add_argument("--remat", default="none")
+    ap.add_argument("--scan-layers", action="store_true", help="the encoder layers in one lax.scan (BertConfig)")
     ap.add_argument("--mesh", default=None, help="e.g. data=2, tensor=2, pipeline=2 (default: one device)")
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--pipeline-repeats", type=int, default=1)
@@ -56,7 +57,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
-                     dropout=a.dropout, remat=a.remat, steps=1000, warmup_steps=10, mesh=a.mesh or "data=-1",
+                     dropout=a.dropout, remat=a.remat, scan_layers=a.scan_layers, steps=1000, warmup_steps=10,
+                     mesh=a.mesh or "data=-1",
                      microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
                      sequence_parallel=a.sequence_parallel, xla_opt_level=a.xla_opt_level, xla_gemm=a.xla_gemm)
     cfg = tc.model_config(30522)
@@ -93,7 +95,8 @@ def main():
     result = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config, seq_len=a.seq_len,
                   batch_size=a.batch_size, kernels=a.kernels, mesh=sharding.describe(mesh) if mesh else "1 device",
                   devices=mesh.size if mesh else 1, microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
-                  dropout=cfg.hidden_dropout_prob, remat=a.remat, sequence_parallel=a.sequence_parallel,
+                  dropout=cfg.hidden_dropout_prob, remat=a.remat, scan_layers=a.scan_layers,
+                  sequence_parallel=a.sequence_parallel,
                   opt_level=steps.optimization_level(), compiler_options=steps.compiler_options(),
                   collectives=collectives,
                   ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,

@@ -161,6 +161,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernels", choices=("auto", "xla", "pallas"), default="xla", help="fused-operator kernels")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none", help="layer rematerialisation")
+    p.add_argument("--scan-layers", action="store_true", help="the encoder layers in one lax.scan (BertConfig)")
     p.add_argument("--layouts", default="default", metavar="FILE",
                    help="activation layouts: a JSON file from `python -m layouts.search` or a built-in name")
     p.add_argument("--forward-only", action="store_true", help="the model's forward (eval) instead of a train step")
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--profile {args.profile} needs STEPS >= 1 and times the train step: not with "
                              f"--forward-only or --hlo")
         configs = [TrainConfig(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, kernels=k,
-                               dtype=args.dtype, remat=args.remat, layouts=args.layouts,
+                               dtype=args.dtype, remat=args.remat, layouts=args.layouts, scan_layers=args.scan_layers,
                                microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats,
                                **({"mesh": args.mesh} if args.mesh else {})) for k in kernels]
         mesh = _mesh(args.mesh, configs[0]) if args.mesh and not args.hlo else None

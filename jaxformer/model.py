@@ -13,7 +13,9 @@ The encoder layer (post-LN, as in BERT):
     h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
     x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
 
-The layers are stacked on a leading L axis and run with `jax.lax.scan`, so compile time does not grow with depth.
+The layers' parameters are stacked on a leading L axis; the layers run one after another on slices of them (or, with
+`BertConfig.scan_layers`, in a `jax.lax.scan`, whose compile time does not grow with depth but whose stacked
+residual buffers cost ~20% of a BERT-large step on a GPU).
 The encoder layer's einsums are layout-annotated (`layouts/layer.py`): `config.layouts` decides the stored order of
 each activation (x, qkv, scores, ctx, h); the default is the orders written above.
 """
@@ -169,7 +171,8 @@ _REMAT_POLICIES = {
 
 
 class Encoder(nnx.Module):
-    """`num_hidden_layers` EncoderLayers whose parameters are stacked on a leading L axis, run with a scan."""
+    """`num_hidden_layers` EncoderLayers whose parameters are stacked on a leading L axis, run in a Python loop over
+    the layers (or a scan: `BertConfig.scan_layers`)."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -204,7 +207,11 @@ class Encoder(nnx.Module):
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
         x = lx.annotate(x, "BSD").to(layout)
-        x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
+        if cfg.scan_layers:
+            x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
+        else:  # layer by layer on slices of the stacked parameters: no stacked residual buffers (BertConfig)
+            for index in range(cfg.num_hidden_layers):
+                x, _ = body(x, (jax.tree.map(lambda a, i=index: a[i], state), index))
         return lx.annotate(x, layout).to("BSD")
 
 

@@ -43,7 +43,7 @@ def _resolve_out(tc: TrainConfig) -> Path:
 
 
 # Model-config fields that change how the step runs, not what the parameters are: a resumed run may change them.
-_RUNTIME_FIELDS = frozenset({"kernels", "layouts", "remat"})
+_RUNTIME_FIELDS = frozenset({"kernels", "layouts", "remat", "scan_layers"})
 
 
 def _config_diff(saved: dict, current: dict) -> dict[str, str]:

@@ -33,6 +33,7 @@ def test_overrides_and_dtype_normalisation():
     (dict(param_dtype="float8"), "param_dtype='float8'"),
     (dict(kernels="cuda"), "kernels='cuda'"),
     (dict(remat="some"), "remat='some'"),
+    (dict(scan_layers="yes"), "scan_layers='yes'"),
     (dict(layer_norm_eps=0.0), "layer_norm_eps=0.0"),
 ])
 def test_invalid_values_name_field_and_value(kwargs, needle):

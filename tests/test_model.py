@@ -143,18 +143,42 @@ def test_remat_same_values_and_gradients(remat):
         assert float(jnp.linalg.norm(a - b)) <= 1e-5 * float(jnp.linalg.norm(b)) + 1e-7
 
 
-def test_program_size_does_not_grow_with_depth():
-    """The layers run in a scan: the traced program of 2 and 12 layers has the same number of equations."""
+def test_program_size_does_not_grow_with_depth_under_scan_layers():
+    """With scan_layers the layers run in a scan: the traced program of 2 and 12 layers has the same number of
+    equations; the default loop over the layers grows with depth."""
     ids, types, mask = _inputs(1, 8, 97)
 
-    def n_eqns(layers):
-        cfg = BertConfig.preset("tiny", num_hidden_layers=layers, **SMALL)
+    def n_eqns(layers, scan):
+        cfg = BertConfig.preset("tiny", num_hidden_layers=layers, scan_layers=scan, **SMALL)
         model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
         jaxpr = jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(ids, types, mask).mlm_logits)(state)
         return len(jaxpr.jaxpr.eqns)
 
-    assert n_eqns(2) == n_eqns(12)
+    assert n_eqns(2, True) == n_eqns(12, True)
+    assert n_eqns(12, False) > n_eqns(2, False)
+
+
+@pytest.mark.parametrize("kernels", ["xla", "pallas"])
+def test_layer_loop_equals_scan(kernels):
+    """The default loop over the layers and `scan_layers=True` compute the same function: outputs with dropout on
+    (layer l's masks from fold_in(key, l) either way) and every parameter's gradient, fp32, 3 layers."""
+    cfg = BertConfig.preset("tiny", dtype="float32", num_hidden_layers=3, kernels=kernels, **SMALL)
+    ids, types, mask = _inputs(2, 16, 97)
+    key = jax.random.key(5)
+
+    def run(c):
+        model = BertForPreTraining(c, rngs=nnx.Rngs(0))
+        loss = lambda m: jnp.sum(m(ids, types, mask, deterministic=False, dropout_key=key).mlm_logits ** 2)  # noqa
+        return nnx.value_and_grad(loss)(model)
+
+    with jax.default_matmul_precision("highest"):
+        (l0, g0), (l1, g1) = run(cfg), run(cfg.replace(scan_layers=True))
+    np.testing.assert_allclose(float(l0), float(l1), rtol=1e-6)
+    leaves0, leaves1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
+    assert len(leaves0) == len(leaves1)
+    for a, b in zip(leaves0, leaves1):
+        assert float(jnp.linalg.norm(a - b)) <= 1e-5 * float(jnp.linalg.norm(b)) + 1e-7
 
 
 def test_invalid_inputs_are_named():
