@@ -59,9 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
                    help="recompute layer activations in the backward pass to save memory")
-    p.add_argument("--scan-layers", action="store_true",
-                   help="run the encoder layers in one lax.scan: compiles faster (BERT-large ~4x), steps ~20%% "
-                        "slower on a GPU (stacked residual buffers); default: a loop over the layers")
+    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the encoder layers in one lax.scan (--scan-layers: compiles ~4x faster for BERT-large, "
+                        "steps ~20%% slower on one GPU) or a loop over them (--no-scan-layers); default: the loop on "
+                        "one device, the scan on several")
     p.add_argument("--layouts", default="default", metavar="FILE",
                    help="stored order of the encoder layer's activations: a JSON file written by "
                         "`python -m layouts.search`, or a built-in name (README, Layouts)")

@@ -62,11 +62,13 @@ class BertConfig:
     * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
       layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
       mean `"full"`/`"none"`.
-    * `scan_layers`: run the encoder layers in one `jax.lax.scan` (compile time independent of depth) instead of a
-      Python loop over slices of the stacked parameters (the default). The scan stacks every layer's saved
-      activations into (L, ...) buffers that XLA zero-fills and copies in and out layer by layer: 10 ms of BERT-large's
-      48 ms train step on an H200 (S=128, B=64; the loop: 38 ms, the same peak memory), for a compile ~4x faster
-      (6-14 s vs 43-49 s; benchmarks/results/train-h200.md, session 12).
+    * `scan_layers`: `True` runs the encoder layers in one `jax.lax.scan` (compile time independent of depth),
+      `False` in a Python loop over slices of the stacked parameters, `None` (the default) the loop when the model
+      is traced on one device and the scan under a mesh of several (where the distributed configurations were
+      measured with it: FSDP's per-layer weight gathers and the gradient reductions stay inside the loop body). The
+      scan stacks every layer's saved activations into (L, ...) buffers that XLA zero-fills and copies in and out
+      layer by layer: ~10 ms of BERT-large's 48 ms train step on one H200 (S=128, B=64; the loop: 37.6-37.8 ms, 10.7
+      vs 12.2 GiB peak), for a compile ~4x faster (13 s vs 53-60 s; benchmarks/results/train-h200.md, session 12).
 
     Dtypes may be given as strings or dtypes (`dtype=jnp.float32`); they are stored as their names.
     """
@@ -87,7 +89,7 @@ class BertConfig:
     kernels: str = "auto"
     remat: Any = "none"
     layouts: Any = "default"
-    scan_layers: bool = False
+    scan_layers: bool | None = None
 
     def __post_init__(self):
         _require_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -113,8 +115,8 @@ class BertConfig:
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r} must be one of {REMAT_POLICIES} (or a bool)")
         object.__setattr__(self, "remat", remat)
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers={self.scan_layers!r} must be True or False")
+        if self.scan_layers is not None and not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers={self.scan_layers!r} must be True, False or None (auto)")
         # A name, a JSON path or a LayoutConfig; a dict (from `to_dict`) becomes a LayoutConfig. Checked here, before
         # any compile: the error names the field, the tensor and the bad letters.
         layouts = _layouts.load(self.layouts)
@@ -293,7 +295,7 @@ class TrainConfig:
     kernels: str = "auto"
     dtype: str = "bfloat16"
     remat: str = "none"
-    scan_layers: bool = False  # BertConfig.scan_layers: faster compile, slower steps
+    scan_layers: bool | None = None  # BertConfig.scan_layers: None = loop on one device, scan on several
     layouts: str = "default"  # BertConfig.layouts: a built-in name or a JSON file (python -m layouts.search)
     profile_steps: tuple[int, int] | None = None
     dump_hlo: bool = False

@@ -13,9 +13,9 @@ The encoder layer (post-LN, as in BERT):
     h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
     x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
 
-The layers' parameters are stacked on a leading L axis; the layers run one after another on slices of them (or, with
-`BertConfig.scan_layers`, in a `jax.lax.scan`, whose compile time does not grow with depth but whose stacked
-residual buffers cost ~20% of a BERT-large step on a GPU).
+The layers' parameters are stacked on a leading L axis; on one device the layers run one after another on slices of
+them, under a mesh of several in a `jax.lax.scan` (`BertConfig.scan_layers`: the scan's compile time does not grow
+with depth, but its stacked residual buffers cost ~20% of a BERT-large step on one GPU).
 The encoder layer's einsums are layout-annotated (`layouts/layer.py`): `config.layouts` decides the stored order of
 each activation (x, qkv, scores, ctx, h); the default is the orders written above.
 """
@@ -172,7 +172,7 @@ _REMAT_POLICIES = {
 
 class Encoder(nnx.Module):
     """`num_hidden_layers` EncoderLayers whose parameters are stacked on a leading L axis, run in a Python loop over
-    the layers (or a scan: `BertConfig.scan_layers`)."""
+    the layers or in a scan (`BertConfig.scan_layers`)."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -207,7 +207,11 @@ class Encoder(nnx.Module):
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
         x = lx.annotate(x, "BSD").to(layout)
-        if cfg.scan_layers:
+        scan = cfg.scan_layers
+        if scan is None:  # auto: the scan under a mesh of several devices (measured there), else the loop
+            mesh = current_mesh()
+            scan = mesh is not None and mesh.size > 1
+        if scan:
             x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
         else:  # layer by layer on slices of the stacked parameters: no stacked residual buffers (BertConfig)
             for index in range(cfg.num_hidden_layers):

@@ -145,8 +145,9 @@ def test_remat_same_values_and_gradients(remat):
 
 def test_program_size_does_not_grow_with_depth_under_scan_layers():
     """With scan_layers the layers run in a scan: the traced program of 2 and 12 layers has the same number of
-    equations; the default loop over the layers grows with depth."""
-    ids, types, mask = _inputs(1, 8, 97)
+    equations; the loop over the layers grows with depth. The default (None) loops on one device and scans under a
+    mesh of several."""
+    ids, types, mask = _inputs(8, 8, 97)
 
     def n_eqns(layers, scan):
         cfg = BertConfig.preset("tiny", num_hidden_layers=layers, scan_layers=scan, **SMALL)
@@ -157,6 +158,9 @@ def test_program_size_does_not_grow_with_depth_under_scan_layers():
 
     assert n_eqns(2, True) == n_eqns(12, True)
     assert n_eqns(12, False) > n_eqns(2, False)
+    assert n_eqns(12, None) == n_eqns(12, False)  # one device: the loop
+    with jax.set_mesh(jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))):
+        assert jax.device_count() > 1 and n_eqns(2, None) == n_eqns(12, None)  # several: the scan
 
 
 @pytest.mark.parametrize("kernels", ["xla", "pallas"])
