@@ -418,33 +418,32 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, 
                            qk_scale=scale * _LOG2E, rate=rate, cq=cq)
         return dq + pltriton.dot(ds.astype(k.dtype), k)
 
-    dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
-    dq = (dq * scale).astype(dq_ref.dtype)
-    dq_ref[...] = dq
-    if sum_ref:
-        sum_ref[0][...] = _colsum(dq)
+    _store_dq(dq_ref, sum_ref, lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32)), scale)
 
 
-def _dq_from_ds_kernel(ds_ref, k_ref, *refs, scale, block_k, key_major, aliased, bias_grad):
+def _dq_from_ds_kernel(ds_ref, k_ref, *refs, scale, block_k, key_major, aliased):
     # ds_ref: this query block's dS as the dK/dV kernel stored it, (T, block_q) key-major or (block_q, T); k_ref (T, H);
-    # refs: (the packed dQKV as an aliased input, unread, if `aliased`), dq_ref (block_q, H), (a (H,) block for dQ's
-    # column sums if bias_grad). dQ = dS K: no scores, mask or probabilities here (`BlockSizes.store_ds`).
-    if aliased:
-        refs = refs[1:]
-    dq_ref = refs[0]
+    # refs: (the packed dQKV as an aliased input, unread, if `aliased`), dq_ref (block_q, H), then optionally a (H,)
+    # block for dQ's column sums. dQ = dS K: no scores, mask or probabilities here (`BlockSizes.store_ds`).
+    dq_ref, *sum_ref = refs[1:] if aliased else refs
     t_len, h = k_ref.shape
-    block_q = dq_ref.shape[0]
 
     def body(j, dq):
         kv = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
         ds = ds_ref[kv, :] if key_major else ds_ref[:, kv]
         return dq + pltriton.dot(ds, k_ref[kv, :], trans_a=key_major)
 
-    dq = lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32))
+    zeros = jnp.zeros((dq_ref.shape[0], h), jnp.float32)
+    _store_dq(dq_ref, sum_ref, lax.fori_loop(0, t_len // block_k, body, zeros), scale)
+
+
+def _store_dq(dq_ref, sum_ref, dq, scale):
+    """Write dQ (the fp32 sum over key blocks, times the score scale) and, if `sum_ref` holds a (H,) block, its
+    column sums as stored (the dQ kernels' share of the bias gradient)."""
     dq = (dq * scale).astype(dq_ref.dtype)
     dq_ref[...] = dq
-    if bias_grad:
-        refs[1][...] = _colsum(dq)
+    if sum_ref:
+        sum_ref[0][...] = _colsum(dq)
 
 
 def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
@@ -514,6 +513,20 @@ def _qkv_spec(packed: bool, c: int, rows: int, h: int, row_block):
     if packed:
         return pl.BlockSpec((None, rows, None, None, h), lambda i, b_, n_: (b_, row_block(i), c, n_, 0))
     return pl.BlockSpec((None, rows, None, h), lambda i, b_, n_: (b_, row_block(i), n_, 0))
+
+
+def _ds_shape(blocks: BlockSizes, b: int, n: int, s: int, t: int):
+    """The stored dS (`BlockSizes.store_ds`) in q's dtype: (B, N, T, S) with key-major tiles (as the dK/dV kernel
+    forms them), else (B, N, S, T)."""
+    return (b, n, t, s) if blocks.key_major else (b, n, s, t)
+
+
+def _ds_spec(blocks: BlockSizes, keys: int, queries: int, key_block, query_block):
+    """BlockSpec of a (keys x queries) block of the stored dS (laid out as `_ds_shape`); grid (i, b, n), with the
+    key and query block indices `key_block(i)`, `query_block(i)`."""
+    if blocks.key_major:
+        return pl.BlockSpec((None, None, keys, queries), lambda i, b_, n_: (b_, n_, key_block(i), query_block(i)))
+    return pl.BlockSpec((None, None, queries, keys), lambda i, b_, n_: (b_, n_, query_block(i), key_block(i)))
 
 
 def _bias_specs(bias):
@@ -624,10 +637,10 @@ def _pair_dbias(dq_sums, dkdv_sums):
 
 
 def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, heads, packed, bias, bias_grad,
-               dqkv=None, store_ds=False):
+               dqkv=None):
     """The dK/dV kernel: ((dk, dv) or (packed dQKV,), per-program column sums or None, dS or None). Packed, it
     writes C = 1, 2 of `dqkv` in place (aliased; the dQ kernel's) or, without one, of a new (B, S, 3, N, H) array
-    whose C = 0 the dQ kernel fills. `store_ds`: also dS in q's dtype, (B, N, T, S) key-major, else (B, N, S, T)."""
+    whose C = 0 the dQ kernel fills. With `blocks.store_ds` it also stores dS (`_ds_shape`)."""
     b, s, n, h, t = _shapes(q, k, packed)
     bk = blocks.block_k_dkv
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
@@ -643,13 +656,10 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
     if bias_grad:  # dK's and dV's column sums per program
         out_specs = out_specs + [pl.BlockSpec((None, None, None, 2, h), lambda j, b_, n_: (j, b_, n_, 0, 0))]
         out_shapes = out_shapes + [jax.ShapeDtypeStruct((t // bk, b, n, 2, h), jnp.float32)]
-    if store_ds:
-        if blocks.key_major:
-            out_specs = out_specs + [pl.BlockSpec((None, None, bk, s), lambda j, b_, n_: (b_, n_, j, 0))]
-            out_shapes = out_shapes + [jax.ShapeDtypeStruct((b, n, t, s), q.dtype)]
-        else:
-            out_specs = out_specs + [pl.BlockSpec((None, None, s, bk), lambda j, b_, n_: (b_, n_, 0, j))]
-            out_shapes = out_shapes + [jax.ShapeDtypeStruct((b, n, s, t), q.dtype)]
+    store_ds = blocks.store_ds
+    if store_ds:  # this key block's dS for every query
+        out_specs = out_specs + [_ds_spec(blocks, bk, s, lambda j: j, lambda j: 0)]
+        out_shapes = out_shapes + [jax.ShapeDtypeStruct(_ds_shape(blocks, b, n, s, t), q.dtype)]
     aliased = dqkv is not None
     operands = [q, k, v, *_bias_args(bias, q.dtype), code, seed, do, lse, delta]
     outs = pl.pallas_call(
@@ -679,18 +689,15 @@ def _backward_stored_ds(q, k, v, code, seed, o, lse, do, *, rate, blocks, interp
     delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))
     dkdv, dkdv_sums, ds = _dkdv_call(q, k, v, code, seed, do, lse, delta, rate=rate, blocks=blocks,
                                      interpret=interpret, heads=heads, packed=packed, bias=bias,
-                                     bias_grad=bias_grad, store_ds=True)
+                                     bias_grad=bias_grad)
     bq = blocks.block_q_dq
-    if blocks.key_major:
-        ds_spec = pl.BlockSpec((None, None, t, bq), lambda i, b_, n_: (b_, n_, 0, i))
-    else:
-        ds_spec = pl.BlockSpec((None, None, bq, t), lambda i, b_, n_: (b_, n_, i, 0))
     dq_spec = _qkv_spec(packed, 0, bq, h, lambda i: i)
     dq, *dq_sums = pl.pallas_call(
         functools.partial(_dq_from_ds_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, key_major=blocks.key_major,
-                          aliased=packed, bias_grad=bias_grad),
+                          aliased=packed),
         grid=(s // bq, b, n),
-        in_specs=[ds_spec, _qkv_spec(packed, 1, t, h, lambda i: 0)] + ([dq_spec] if packed else []),
+        in_specs=[_ds_spec(blocks, t, bq, lambda i: 0, lambda i: i), _qkv_spec(packed, 1, t, h, lambda i: 0)]
+        + ([dq_spec] if packed else []),
         # packed: C = 0 of the dK/dV kernel's dQKV, written in place
         out_specs=[dq_spec, *_dq_sum_spec(bias_grad, h)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), *_dq_sum_shape(bias_grad, s // bq, b, n, h)],
