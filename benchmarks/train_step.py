@@ -44,8 +44,8 @@ def main():
     ap.add_argument("--kernels", default="xla")
     ap.add_argument("--dropout", type=float, default=None)
     ap.add_argument("--remat", default="none")
-    ap.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
-                    help="the encoder layers in one lax.scan or a loop (BertConfig.scan_layers; default: auto)")
+    ap.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=False,
+                    help="the encoder layers in one lax.scan or a loop (BertConfig.scan_layers; default: the loop)")
     ap.add_argument("--mesh", default=None, help="e.g. data=2, tensor=2, pipeline=2 (default: one device)")
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--pipeline-repeats", type=int, default=1)

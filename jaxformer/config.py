@@ -63,12 +63,11 @@ class BertConfig:
       layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
       mean `"full"`/`"none"`.
     * `scan_layers`: `True` runs the encoder layers in one `jax.lax.scan` (compile time independent of depth),
-      `False` in a Python loop over slices of the stacked parameters, `None` (the default) the loop when the model
-      is traced on one device and the scan under a mesh of several (where the distributed configurations were
-      measured with it: FSDP's per-layer weight gathers and the gradient reductions stay inside the loop body). The
-      scan stacks every layer's saved activations into (L, ...) buffers that XLA zero-fills and copies in and out
-      layer by layer: ~10 ms of BERT-large's 48 ms train step on one H200 (S=128, B=64; the loop: 37.6-37.8 ms, 10.7
-      vs 12.2 GiB peak), for a compile ~4x faster (13 s vs 53-60 s; benchmarks/results/train-h200.md, session 12).
+      `False` (the default) in a Python loop over slices of the stacked parameters. The scan stacks every layer's
+      saved activations into (L, ...) buffers that XLA zero-fills and copies in and out layer by layer: BERT-large's
+      train step with the loop is 20-28% faster on one H200 and on every 2-GPU mesh measured (data, FSDP, tensor
+      parallel), with less memory, for a compile ~4x slower (45-60 s vs 10-20 s; benchmarks/results/train-h200.md,
+      session 12, and distributed-2xh200.md, session 13). `None` (the old "auto") means `False`.
 
     Dtypes may be given as strings or dtypes (`dtype=jnp.float32`); they are stored as their names.
     """
@@ -89,7 +88,7 @@ class BertConfig:
     kernels: str = "auto"
     remat: Any = "none"
     layouts: Any = "default"
-    scan_layers: bool | None = None
+    scan_layers: bool = False
 
     def __post_init__(self):
         _require_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -115,8 +114,10 @@ class BertConfig:
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r} must be one of {REMAT_POLICIES} (or a bool)")
         object.__setattr__(self, "remat", remat)
-        if self.scan_layers is not None and not isinstance(self.scan_layers, bool):
-            raise ValueError(f"scan_layers={self.scan_layers!r} must be True, False or None (auto)")
+        if self.scan_layers is None:  # the old "auto" (configs saved before session 13): now the loop everywhere
+            object.__setattr__(self, "scan_layers", False)
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers={self.scan_layers!r} must be True or False")
         # A name, a JSON path or a LayoutConfig; a dict (from `to_dict`) becomes a LayoutConfig. Checked here, before
         # any compile: the error names the field, the tensor and the bad letters.
         layouts = _layouts.load(self.layouts)
@@ -295,7 +296,7 @@ class TrainConfig:
     kernels: str = "auto"
     dtype: str = "bfloat16"
     remat: str = "none"
-    scan_layers: bool | None = None  # BertConfig.scan_layers: None = loop on one device, scan on several
+    scan_layers: bool = False  # BertConfig.scan_layers: the layers in one lax.scan instead of a loop
     layouts: str = "default"  # BertConfig.layouts: a built-in name or a JSON file (python -m layouts.search)
     profile_steps: tuple[int, int] | None = None
     dump_hlo: bool = False

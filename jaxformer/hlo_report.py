@@ -161,8 +161,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernels", choices=("auto", "xla", "pallas"), default="xla", help="fused-operator kernels")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none", help="layer rematerialisation")
-    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=None,
-                   help="the encoder layers in one lax.scan or a loop (BertConfig.scan_layers; default: auto)")
+    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=False,
+                   help="the encoder layers in one lax.scan or a loop (BertConfig.scan_layers; default: the loop)")
     p.add_argument("--layouts", default="default", metavar="FILE",
                    help="activation layouts: a JSON file from `python -m layouts.search` or a built-in name")
     p.add_argument("--forward-only", action="store_true", help="the model's forward (eval) instead of a train step")

@@ -13,9 +13,9 @@ The encoder layer (post-LN, as in BERT):
     h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
     x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
 
-The layers' parameters are stacked on a leading L axis; on one device the layers run one after another on slices of
-them, under a mesh of several in a `jax.lax.scan` (`BertConfig.scan_layers`: the scan's compile time does not grow
-with depth, but its stacked residual buffers cost ~20% of a BERT-large step on one GPU).
+The layers' parameters are stacked on a leading L axis; the layers run one after another on slices of them, or in a
+`jax.lax.scan` with `BertConfig.scan_layers` (its compile time does not grow with depth, but its stacked residual
+buffers cost ~20% of a BERT-large step, on one GPU and on two).
 The encoder layer's einsums are layout-annotated (`layouts/layer.py`): `config.layouts` decides the stored order of
 each activation (x, qkv, scores, ctx, h); the default is the orders written above.
 """
@@ -207,15 +207,17 @@ class Encoder(nnx.Module):
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
         x = lx.annotate(x, "BSD").to(layout)
-        scan = cfg.scan_layers
-        if scan is None:  # auto: the scan under a mesh of several devices (measured there), else the loop
-            mesh = current_mesh()
-            scan = mesh is not None and mesh.size > 1
-        if scan:
+        if cfg.scan_layers:
             x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
         else:  # layer by layer on slices of the stacked parameters: no stacked residual buffers (BertConfig)
+            # One `lax.split` per parameter, not L slices: the gradient is then one concatenate of the L layers'
+            # gradients; L slices transpose to L zero-pads summed, which XLA left as a 24-way pad+add chain fused
+            # into the gradient norm (2.3 ms of BERT-large's 37 ms step: train-h200.md, session 13).
+            leaves, treedef = jax.tree.flatten(state)
+            parts = [jax.lax.split(a, [1] * cfg.num_hidden_layers) for a in leaves]
             for index in range(cfg.num_hidden_layers):
-                x, _ = body(x, (jax.tree.map(lambda a, i=index: a[i], state), index))
+                layer = treedef.unflatten([jax.lax.squeeze(p[index], (0,)) for p in parts])
+                x, _ = body(x, (layer, index))
         return lx.annotate(x, layout).to("BSD")
 
 
@@ -335,8 +337,8 @@ class BertForPreTraining(nnx.Module):
           masked_positions: optional (B, P) positions at which to run the MLM head; without it, every position.
           deterministic: True disables dropout (evaluation).
           dropout_key: optional PRNG key for dropout; by default one is drawn from the model's `dropout` stream.
-          pipeline: optional `Pipeline` schedule for the encoder layers (None: the plain scan); the embeddings and
-            heads run outside it, replicated over the `pipeline` mesh axis.
+          pipeline: optional `Pipeline` schedule for the encoder layers (None: the plain layer stack); the embeddings
+            and heads run outside it, replicated over the `pipeline` mesh axis.
           masked_labels: optional (B, P) int labels at `masked_positions`: the MLM head then returns the per-position
             cross-entropy and argmax (`mlm_nll`, `mlm_predictions`) and no logits, which with `kernels="pallas"`
             are never materialised (`MLMHead.cross_entropy`). What the train and eval steps use.

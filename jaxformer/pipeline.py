@@ -41,8 +41,9 @@ per tick (the per-tick choice of repeat is a local dynamic slice): for BERT-larg
 weights) at p = 4 about 230 MB per device each way, the same order as one data-parallel gradient all-reduce.
 Storing the layers in stage-major order would remove it; that changes the checkpoint layout and is not done.
 
-Dropout: layer `l` uses `fold_in(key, l)` as in the plain scan; with more than one microbatch the microbatch index is
-folded in as well, so microbatches get independent masks (with one microbatch the masks equal the plain scan's).
+Dropout: layer `l` uses `fold_in(key, l)` as in the plain layer stack; with more than one microbatch the microbatch
+index is folded in as well, so microbatches get independent masks (with one microbatch the masks equal the plain
+layer stack's).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Pipeline:
     """A pipeline schedule: `stages` (the size of the `pipeline` mesh axis), `microbatches` per batch, and `repeats`
     (> 1: circular schedule, each stage holding `repeats` non-contiguous chunks of layers).
 
-    `Pipeline()` (1 stage, 1 microbatch, 1 repeat) is the plain scan over layers.
+    `Pipeline()` (1 stage, 1 microbatch, 1 repeat) is the plain layer stack.
     """
 
     stages: int = 1
@@ -98,7 +99,7 @@ class Pipeline:
 
     @property
     def is_plain(self) -> bool:
-        """True when this is the plain scan (nothing to pipeline)."""
+        """True when this is the plain layer stack (nothing to pipeline)."""
         return self.stages == 1 and self.microbatches == 1 and self.repeats == 1
 
     @property
@@ -117,7 +118,8 @@ class Pipeline:
         """Run `layer_fn(layer_params, h, mask, key) -> h` over the stacked layers in `params` (a pytree whose
         leaves have a leading `L` axis), pipelined over microbatches of `x` (B, S, D) and `mask` (B, ...).
 
-        `remat_policy` (a `jax.checkpoint_policies` entry, or None) rematerialises each layer as the plain scan does.
+        `remat_policy` (a `jax.checkpoint_policies` entry, or None) rematerialises each layer as the plain layer stack
+        does.
         Returns the encoder output (B, S, D).
         """
         leaves = jax.tree.leaves(params)
@@ -158,7 +160,7 @@ class Pipeline:
 
             def body(h, xs):
                 w_l, layer_id = xs
-                key_l = jax.random.fold_in(key, layer_id)  # the plain scan's key of layer l
+                key_l = jax.random.fold_in(key, layer_id)  # the plain layer stack's key of layer l
                 if m > 1:
                     key_l = jax.random.fold_in(key_l, micro)  # independent masks per microbatch
                 return layer(w_l, h, mask_s, key_l), None

@@ -152,7 +152,7 @@ class Steps:
         self.compute_dtype = jnp.dtype(model.config.compute_dtype)
         self.schedule = learning_rate_schedule(tc)
         # The encoder's schedule: stages = the mesh's `pipeline` axis, microbatches and repeats from the flags
-        # (jaxformer/pipeline.py; one stage and one microbatch is the plain scan). Checked here, before tracing.
+        # (jaxformer/pipeline.py; one stage and one microbatch is the plain layer stack). Checked here, before tracing.
         stages = mesh.shape["pipeline"] if mesh is not None else 1
         self.pipeline = Pipeline(stages=stages, microbatches=tc.microbatches, repeats=tc.pipeline_repeats)
         self.pipeline.check(model.config.num_hidden_layers, tc.batch_size)
@@ -187,7 +187,7 @@ class Steps:
 
     def optimization_level(self) -> str | None:
         """XLA's optimization level for the train step ("O0".."O3"; None: JAX's default), from `xla_opt_level`:
-        "auto" is `BATCH_PARALLEL_OPT_LEVEL` with data parallelism (data or fsdp > 1) over a plain layer scan, where
+        "auto" is `BATCH_PARALLEL_OPT_LEVEL` with data parallelism (data or fsdp > 1) and no pipeline, where
         it was measured faster, and JAX's default elsewhere (not measured better there)."""
         level = self.tc.xla_opt_level
         if level != "auto":

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.extend.core import jaxprs_in_params
 
 from jaxformer import BertConfig, BertForPreTraining
 
@@ -145,8 +146,8 @@ def test_remat_same_values_and_gradients(remat):
 
 def test_program_size_does_not_grow_with_depth_under_scan_layers():
     """With scan_layers the layers run in a scan: the traced program of 2 and 12 layers has the same number of
-    equations; the loop over the layers grows with depth. The default (None) loops on one device and scans under a
-    mesh of several."""
+    equations; the loop over the layers (the default, on one device and under a mesh; None, the old "auto", means
+    it too) grows with depth."""
     ids, types, mask = _inputs(8, 8, 97)
 
     def n_eqns(layers, scan):
@@ -158,9 +159,35 @@ def test_program_size_does_not_grow_with_depth_under_scan_layers():
 
     assert n_eqns(2, True) == n_eqns(12, True)
     assert n_eqns(12, False) > n_eqns(2, False)
-    assert n_eqns(12, None) == n_eqns(12, False)  # one device: the loop
+    assert BertConfig.preset("tiny").scan_layers is False
+    assert n_eqns(12, None) == n_eqns(12, False)
     with jax.set_mesh(jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))):
-        assert jax.device_count() > 1 and n_eqns(2, None) == n_eqns(12, None)  # several: the scan
+        assert jax.device_count() > 1 and n_eqns(12, None) > n_eqns(2, None)  # several devices: the loop too
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom_vjp, checkpoint) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def test_layer_loop_gradient_is_one_concatenate_per_parameter():
+    """The loop's gradient of each stacked (L, ...) parameter is one concatenate of the L layers' gradients, not L
+    zero-pads summed (what slicing `a[i]` transposes to: XLA left that as an L-way pad+add chain on the GPU)."""
+    layers = 3
+    cfg = BertConfig.preset("tiny", dtype="float32", num_hidden_layers=layers, **SMALL)
+    ids, types, mask = _inputs(2, 8, 97)
+    model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(ids, types, mask).mlm_logits ** 2)  # noqa: E731
+    eqns = list(_eqns(jax.make_jaxpr(jax.grad(loss))(params).jaxpr))
+    stacked = {tuple(a.shape) for a in jax.tree.leaves(nnx.state(model.encoder)) if a.shape[:1] == (layers,)}
+    assert len(stacked) >= 4
+    made = lambda prim: [tuple(v.aval.shape) for e in eqns if e.primitive.name == prim for v in e.outvars]  # noqa
+    assert not stacked & set(made("pad")) and not stacked & set(made("add_any"))
+    assert stacked <= set(made("concatenate"))
 
 
 @pytest.mark.parametrize("kernels", ["xla", "pallas"])

@@ -164,14 +164,17 @@ def test_data_parallel_all_reduces_gradients_and_gathers_no_weights():
     assert counts["all-gather"]["count"] == 0 and counts["reduce-scatter"]["count"] == 0
 
 
-def test_fsdp_gathers_each_layer_inside_the_scan_and_reduces_gradients():
-    counts, ops = _collectives("fsdp=8")
-    gathered = {tuple(d) for op in ops if op.kind == "all-gather" for d in _result_dims(op)}
-    # ZeRO-3: the per-layer weights are gathered inside the layer loop (2 trips), not once for the whole stack.
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
+def test_fsdp_gathers_each_layer_and_reduces_gradients(scan):
+    counts, ops = _collectives("fsdp=8", CFG.replace(scan_layers=scan))
+    gathers = [(tuple(d), op.trips) for op in ops if op.kind == "all-gather" for d in _result_dims(op)]
+    # ZeRO-3: each layer's weights are gathered for that layer (inside the scan: 2 trips of one gather; in the loop:
+    # one gather per layer), never the whole (L, ...) stack at once.
     d, n, h, f = 64, 4, 16, 128
     for per_layer in [(3, d, n, h), (n, h, d), (d, f), (f, d)]:
-        assert per_layer in gathered
-        assert any(op.trips == 2 for op in ops if op.kind == "all-gather" and per_layer in map(tuple, _result_dims(op)))
+        trips = [t for dims, t in gathers if dims == per_layer]
+        assert (2 in trips) if scan else len(trips) >= 2, (per_layer, trips)
+        assert (2, *per_layer) not in {dims for dims, _ in gathers}
     assert counts["reduce-scatter"]["count"] + counts["all-reduce"]["count"] > 0
 
 

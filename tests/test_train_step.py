@@ -42,7 +42,7 @@ def test_gradients_through_the_compute_copy_equal_the_float32_ones():
     assert f32._compute_copy(params) is params
 
 
-def test_xla_opt_level_auto_raises_it_only_for_a_batch_parallel_plain_scan():
+def test_xla_opt_level_auto_raises_it_only_for_batch_parallel_layers_without_a_pipeline():
     from jaxformer import sharding
     from jaxformer.steps import BATCH_PARALLEL_OPT_LEVEL as ON
     model = build_model(CFG, 0)
@@ -57,7 +57,7 @@ def test_xla_opt_level_auto_raises_it_only_for_a_batch_parallel_plain_scan():
     assert options("tensor=8", xla_opt_level="O1") == "O1" and options(None, xla_opt_level="O3") == "O3"
     assert options(None) is None  # one device: nothing to reduce
     assert options("tensor=8") is None
-    assert options("data=4,pipeline=2", microbatches=2) is None  # the pipeline's loop is not the layer scan
+    assert options("data=4,pipeline=2", microbatches=2) is None  # a pipeline: not measured better at O2
 
 
 def test_the_step_compiles_at_its_optimization_level(monkeypatch):
