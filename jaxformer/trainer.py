@@ -69,7 +69,10 @@ def train(tc: TrainConfig, log=print) -> dict[str, Any]:
     ckpt_dir = out / "checkpoints"
     if tc.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
         raise CheckpointError(f"--resume: no checkpoint under {ckpt_dir}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # unwritable or impossible path: a user error, before any data or model work
+        raise ValueError(f"out={str(out)!r} cannot be created as the output directory: {e.strerror or e}") from e
 
     # Data first: every data error surfaces before the model is built or compiled.
     paths = tc.data if tc.data is not None else builtin_corpus()

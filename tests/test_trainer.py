@@ -112,6 +112,10 @@ def test_bad_inputs_exit_2(corpus, tmp_path, capsys):
     _expect_error(capsys, args(corpus, tmp_path / "never", "--resume"), "no checkpoint")
     _expect_error(capsys, args(corpus, out, "--config", "medium"), "medium")
     _expect_error(capsys, args(corpus, out, "--steps", "0"), "steps=0")
+    _expect_error(capsys, args(corpus, out, "--max-predictions", "999"), "max_predictions=999")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    _expect_error(capsys, args(corpus, a_file / "run"), "cannot be created as the output directory")
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
 
 
