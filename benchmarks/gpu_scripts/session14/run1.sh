@@ -2,7 +2,9 @@
 # Session 14 run 1 (one H200): the loop's stacked-parameter gradients, one concatenate (lax.split, commit ea1bcc8) vs
 # written layer by layer into one buffer (custom-VJP unstack: zeros + 24 dynamic-update-slices), train step A/B
 # alternating, S=128 B64, Pallas kernels; then the new step's profile head.
-# The patch under test: session14/unstack_dus_barrier.patch (run 7 of session 13 without the barrier lost: 36.04-36.41 vs 35.29-35.80 ms).
+# The patch under test: session14/unstack_dus_barrier.patch, applied to 2dd72d6 (run 0 = session13/run7.sh, without the
+# barrier, lost: 36.04-36.41 vs 35.29-35.80 ms); tmp_model_split.py = `git show 2dd72d6:jaxformer/model.py`, the baseline
+# (the device tree has no .git). Also one shipped-code row with XLA's Triton GEMM fusions off.
 export PYTHONPATH=.
 rm -rf /tmp/old && mkdir /tmp/old && cp -r . /tmp/old/ && cp tmp_model_split.py /tmp/old/jaxformer/model.py
 grep -c "_unstack" jaxformer/model.py /tmp/old/jaxformer/model.py
