@@ -324,8 +324,8 @@ class TrainConfig:
         MeshConfig.parse(self.mesh)  # syntax only: sizes against devices and model are `sharding.validate`'s job
         if self.seq_len < 8:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")
-        if self.max_predictions is not None and not (
-                isinstance(self.max_predictions, int) and 1 <= self.max_predictions <= self.seq_len - 3):
+        from .data import max_predictions_ok  # DataConfig's rule, checked here before any data work
+        if not max_predictions_ok(self.max_predictions, self.seq_len):
             raise ValueError(f"max_predictions={self.max_predictions!r} must be an integer in [1, seq_len - 3] "
                              f"(seq_len={self.seq_len}: [CLS] and two [SEP] are never masked)")
         if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):

@@ -33,6 +33,12 @@ from .corpus import (  # noqa: F401  (re-exported: data.py is the public entry p
 
 
 # ----------------------------------------------------------------------------- examples
+def max_predictions_ok(value, seq_len: int) -> bool:
+    """None (the default: mask_prob of seq_len) or an integer in [1, seq_len - 3]: [CLS] and two [SEP] are never
+    masked. DataConfig's rule; TrainConfig checks it too, before any data work."""
+    return value is None or (isinstance(value, int) and 1 <= value <= seq_len - 3)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """What to read and how to turn it into MLM + NSP examples. ``paths=None``: built-in corpus."""
@@ -60,9 +66,7 @@ class DataConfig:
                   "eval_fraction": prob(self.eval_fraction),
                   "seed": isinstance(self.seed, int) and self.seed >= 0,
                   "vocab_size": isinstance(self.vocab_size, int) and self.vocab_size >= 16,
-                  "max_predictions_per_seq": self.max_predictions_per_seq is None or (
-                      isinstance(self.max_predictions_per_seq, int)
-                      and 1 <= self.max_predictions_per_seq <= self.seq_len - 3)}
+                  "max_predictions_per_seq": max_predictions_ok(self.max_predictions_per_seq, self.seq_len)}
         for field, ok in checks.items():
             if not ok:
                 raise DataError(f"DataConfig.{field} has a nonsense value {getattr(self, field)!r} "

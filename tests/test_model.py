@@ -5,14 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-try:
-    from jax.extend.core import jaxprs_in_params
-except ImportError:  # not in every JAX release's public API: the same walk over the equation's parameters
-    def jaxprs_in_params(params):
-        for v in params.values():
-            for x in v if isinstance(v, (list, tuple)) else (v,):
-                if hasattr(x, "eqns") or hasattr(getattr(x, "jaxpr", None), "eqns"):
-                    yield getattr(x, "jaxpr", x) if not hasattr(x, "eqns") else x
+from jax.extend.core import jaxprs_in_params
 
 from jaxformer import BertConfig, BertForPreTraining
 

@@ -1,62 +1,38 @@
-"""Session 14: what XLA made of the layer loop's 24-way gradient concatenates (2.05 ms of BERT-large's S=128 step at
-~0.6 TB/s, session 13 run 6). Reads the compiled step's HLO text (train_step.py --dump-hlo) and prints each fusion
-whose computation holds a concatenate of 24 operands: its call site, the fused computation's instructions, and the
-entry-computation definitions of its first operands (their layouts say whether the concatenate also transposes).
+"""Session 14: what XLA made of the layer loop's 24-way gradient concatenates (2.05 ms of BERT-large's S=128 step,
+session 13 run 6). Reads the compiled step's HLO text (train_step.py --dump-hlo) with `jaxformer.hlo_analysis` and
+prints the five largest concatenates of at least N operands: for one inside a fusion, the fusion's call site, the
+entry-computation definitions of its first operands and the fused computation's instructions.
 
-    python benchmarks/gpu_scripts/session14/concat_hlo.py step.hlo.txt
+    PYTHONPATH=. python benchmarks/gpu_scripts/session14/concat_hlo.py step.hlo.txt [N=20]
+
+(Run 2's `logs/run2/concat_fusions.txt` came from this script's first version, which parsed the HLO itself; this one
+uses the project's parser and prints the same concatenates, call sites and operands, in a shorter format.)
 """
 import re
 import sys
 
-text = open(sys.argv[1]).read()
-comps, name, body = {}, None, []
-for line in text.splitlines():
-    m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
-    if m and not line.startswith(" "):
-        name, body = m.group(1), []
-        if line.startswith("ENTRY"):
-            comps["__entry__"] = body
-        comps[name] = body
-    elif line.startswith("}"):
-        name = None
-    elif name:
-        body.append(line.strip())
-defs = {}
-for line in comps["__entry__"]:
-    m = re.match(r"^(?:ROOT )?%?([\w.\-]+) = ", line)
-    if m:
-        defs[m.group(1)] = line
-N = int(sys.argv[2]) if len(sys.argv) > 2 else 20  # operands of the concatenates to show
+from jaxformer.hlo_analysis import nelems, parse_module
 
-
-def operands(line):
-    return re.findall(r"%([\w.\-]+)", line.split("(", 1)[1].split("), ")[0])
-
-
-def size(line):
-    dims = re.search(r"= \w+\[([\d,]*)\]", line).group(1)
-    return eval("*".join(dims.split(",")) or "1")
-
-
-found = [(cname, lines, ln) for cname, lines in comps.items() if cname == "__entry__" or lines is not comps["__entry__"]
-         for ln in lines if " concatenate(" in ln and len(operands(ln.split(" concatenate", 1)[1])) >= N]
-shown = 0
-for cname, lines, ln in sorted(found, key=lambda f: -size(f[2])):
-    if True:
-        print(f"=== in {cname} ({len(lines)} instructions)")
-        print("  CONCAT", ln[:400])
-        if cname != "__entry__":
-            calls = [c for c in comps["__entry__"] if re.search(rf"calls=%?{re.escape(cname)}\b", c)]
-            for c in calls[:1]:
-                print("  CALL", c[:500])
-                for op in operands(c.split(" fusion", 1)[1])[:2]:
-                    print("  OPERAND", defs.get(op, "?")[:400])
-            for f in lines:
-                if "parameter(" not in f:
-                    print("   ", f[:250])
-        else:
-            for op in operands(ln.split(" concatenate", 1)[1])[:2]:
-                print("  OPERAND", defs.get(op, "?")[:400])
-        shown += 1
-        if shown >= 5:
-            sys.exit()
+comps, entry = parse_module(open(sys.argv[1]).read())
+n_min = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+defs = {ins.name: ins for ins in comps[entry]}
+callers = {m.group(1): ins for ins in comps[entry] if (m := re.search(r"calls=%?([\w.\-]+)", ins.attrs))}
+found = [(comp, ins) for comp, body in comps.items() for ins in body
+         if ins.opcode == "concatenate" and len(ins.operands) >= n_min]
+for comp, ins in sorted(found, key=lambda f: -nelems(f[1].type))[:5]:
+    print(f"=== in {comp} ({len(comps[comp])} instructions)")
+    print(f"  CONCAT {ins.name} = {ins.type} concatenate({len(ins.operands)} operands)")
+    if comp == entry:
+        shown = ins.operands
+    else:
+        call = callers.get(comp)
+        shown = call.operands if call else []
+        if call:
+            print(f"  CALL {call.name} = {call.type} {call.opcode}({len(call.operands)} operands)")
+    for op in shown[:2]:
+        d = defs.get(op)
+        print(f"  OPERAND {op}" + (f" = {d.type} {d.opcode}({', '.join(d.operands)}) {d.attrs[:200]}" if d else ""))
+    if comp != entry:
+        for f in comps[comp]:
+            if f.opcode != "parameter":
+                print(f"    {f.name} = {f.type} {f.opcode}({', '.join(f.operands)[:150]})")
