@@ -23,7 +23,9 @@ materialised logits (kernels-h200.md). With the vocabulary split over `tensor` t
 (**) `attention_qkv` slices the packed (B, S, 3, N, H) projection for the reference; the Pallas kernels read it in
 place and write one packed gradient. Under pallas the layer passes the projection's bias to `attention_qkv(bias=)`:
 the kernels apply it where that measured faster (`BlockSizes.fold_bias`, with the one-kernel backward at S <= 128),
-and its gradient is summed from the dQKV tiles the backward kernels store.
+and its gradient is summed from the dQKV tiles the backward kernels store. Where XLA adds it (S > 128), the add is
+written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epilogue when the GEMMs are cuBLAS calls
+(`TrainConfig.xla_gemm="cublas"`; benchmarks/results/train-h200.md, session 15).
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 

@@ -26,7 +26,10 @@ from .pipeline import Pipeline
 
 
 # What `xla_gemm="auto"` means on a GPU (Steps.compiler_options): XLA's own choice, measured faster for the train step
-# than cuBLAS only (BERT-large, kernels=auto, H200: 1310 vs 1239 seq/s at S=128, 294 vs 274 at S=512).
+# than cuBLAS only in session 6 (BERT-large, kernels=auto, H200: 1310 vs 1239 seq/s at S=128, 294 vs 274 at S=512,
+# the layer scan). At later code cuBLAS only measured equal at S=128 (session 14) and faster at S=512 with the kernels
+# (397-409 vs 382-392 seq/s, the Q/K/V bias then in the GEMM's epilogue; session 15, across machine sessions): not
+# switched until a same-run A/B covers both lengths, kernels=xla and the meshes (benchmarks/results/train-h200.md).
 AUTO_XLA_GEMM = "xla"
 
 
@@ -198,8 +201,7 @@ class Steps:
     def compiler_options(self) -> dict | None:
         """XLA options of both steps, from `xla_gemm`: "cublas" turns XLA's Triton GEMM emitter off
         (`xla_gpu_enable_triton_gemm=false`), so every GEMM is a cuBLAS call; "xla" leaves XLA's per-GEMM choice
-        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` ("xla": cuBLAS only measured 5-7% slower per train
-        step, benchmarks/results/kernels-h200.md, session 6). Nothing is set off the GPU."""
+        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` (see there: "xla"). Nothing is set off the GPU."""
         choice = self.tc.xla_gemm
         if choice == "auto":
             choice = AUTO_XLA_GEMM
