@@ -212,6 +212,22 @@ def test_packed_qkv_matches_reference(dtype, rate, bias):
         flash_attention_qkv(qkv, _mask([64, 23], 64), bias=jnp.zeros((3, 32)))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_unfolded_bias_add_rounds_once(dtype):
+    # Where the kernels do not fold the Q/K/V bias, XLA adds it on the GEMM's 2-D output in qkv's dtype (the form it
+    # can put into a cuBLAS bias epilogue): the values must be the sum rounded once, qkv + round(bias), as the kernels
+    # apply it, on operands of widely different magnitudes (where rounding twice would show).
+    from pallas_kernels.attention import _add_bias
+    k = jax.random.split(jax.random.key(21), 3)
+    qkv = (jax.random.normal(k[0], (2, 16, 3, 2, 8)) * jnp.exp(3 * jax.random.normal(k[1], (2, 16, 3, 2, 8))))
+    qkv = qkv.astype(dtype)
+    bias = 10 * jax.random.normal(k[2], (3, 2, 8))
+    want = (qkv.astype(jnp.float32) + bias.astype(dtype).astype(jnp.float32)).astype(dtype)
+    got = jax.jit(_add_bias)(qkv, bias)
+    assert got.dtype == dtype and got.shape == qkv.shape
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
+
+
 def test_packed_qkv_under_a_mesh_equals_one_device():
     # data=2 x fsdp=2 x tensor=2: the kernels run per batch and head shard (each shard's dropout mask is the
     # unsharded one); values and dQKV equal the unsharded call.
