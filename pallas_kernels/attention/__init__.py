@@ -96,8 +96,9 @@ def _add_bias(qkv, bias):
     Written as the add of a (3*N*H,) row to the projection GEMM's 2-D [B*S, 3*N*H] output, in qkv's dtype (the same
     values: XLA adds 16-bit floats in float32 and rounds once): in that form XLA puts it into the GEMM's cuBLAS(Lt)
     bias epilogue when the GEMM is a cuBLAS call (`TrainConfig.xla_gemm="cublas"`), so the projection's output is not
-    rewritten; on the 5-D shape, or in float32 around the rounded GEMM output, it stayed one XLA pass (31 us per
-    BERT-large layer at B16 S512; benchmarks/results/train-h200.md, session 15)."""
+    rewritten (the epilogue adds the bias to the float32 accumulator before the one rounding: not bit-equal to this
+    form, a rounding closer to exact); on the 5-D shape, or in float32 around the rounded GEMM output, it stayed one
+    XLA pass (31 us per BERT-large layer at B16 S512; benchmarks/results/train-h200.md, session 15)."""
     b, s, c, n, h = qkv.shape
     return (qkv.reshape(b * s, c * n * h) + bias.astype(qkv.dtype).reshape(c * n * h)).reshape(qkv.shape)
 
