@@ -59,6 +59,18 @@ def keep_mask(seed, index, rate: float):
     return jnp.where((index & jnp.uint32(1)) == 1, hi, lo)
 
 
+def keep_mask_lanes(seed, first, lane, rate: float):
+    """`keep_mask(seed, first + lane)` for an even uint32 `first` and a uint32 array `lane`, written so that the two
+    elements of a pair (lanes 2j and 2j + 1) hash the same expression, (first >> 1) + (lane >> 1): where a kernel's
+    lanes sit in registers with their low bit known at compile time (Mosaic GPU's WG_STRIDED layout: each thread holds
+    `vec` consecutive lanes), the compiler can draw the hash once per pair instead of once per element. The & keeps
+    the uint32 wrap of `first + lane` (the reference's index)."""
+    u32 = jnp.uint32
+    pair = ((first.astype(u32) >> 1) + (lane.astype(u32) >> 1)) & u32(0x7FFFFFFF)
+    lo, hi = _halves_keep(hash_uint32(seed[0], seed[1], pair), rate)
+    return jnp.where((lane.astype(u32) & u32(1)) == 1, hi, lo)
+
+
 def keep_mask_tile(seed0, seed1, row_index, first_col, n_cols: int, width: int, rate: float):
     """`keep_mask` of a (rows, n_cols) tile of a row-major tensor `width` wide, for use inside kernels.
 

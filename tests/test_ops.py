@@ -60,6 +60,16 @@ def test_dropout_tile_mask_matches_per_element_mask(width, first_col, n_cols, ro
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("first", [0, 2, 1000, 2**31, 2**32 - 2048, 2**32 - 2])
+def test_dropout_lane_mask_matches_per_element_mask(first):
+    # keep_mask_lanes (the pair-friendly form the Mosaic GPU kernels use) equals keep_mask on first + lane for an even
+    # first, including where the uint32 index wraps inside the tile.
+    seed = dr.seed_from_key(jax.random.key(first % 97))
+    lane = jnp.arange(4096, dtype=jnp.uint32)
+    want = dr.keep_mask(seed, lane + jnp.uint32(first), 0.1)
+    np.testing.assert_array_equal(np.asarray(dr.keep_mask_lanes(seed, jnp.uint32(first), lane, 0.1)), np.asarray(want))
+
+
 def test_dropout_scales_kept_values():
     x = jax.random.normal(jax.random.key(1), (64, 128))
     y = dr.dropout(x, _seed(1), 0.25)
