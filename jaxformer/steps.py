@@ -25,12 +25,12 @@ from pallas_kernels.mlm_loss.reference import nll_and_predictions
 from .pipeline import Pipeline
 
 
-# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options): XLA's own choice, measured faster for the train step
-# than cuBLAS only in session 6 (BERT-large, kernels=auto, H200: 1310 vs 1239 seq/s at S=128, 294 vs 274 at S=512,
-# the layer scan). At later code cuBLAS only measured equal at S=128 (session 14) and faster at S=512 with the kernels
-# (397-409 vs 382-392 seq/s, the Q/K/V bias then in the GEMM's epilogue; session 15, across machine sessions): not
-# switched until a same-run A/B covers both lengths, kernels=xla and the meshes (benchmarks/results/train-h200.md).
-AUTO_XLA_GEMM = "xla"
+# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options), by where the steps run. One device: cuBLAS only,
+# measured faster in a same-machine-session A/B (session 16, BERT-large, H200, benchmarks/results/train-h200.md):
+# kernels=pallas S=512 39.8-40.0 vs 41.1-41.2 ms, S=128 35.8 vs 36.4 ms; kernels=xla equal (S=128 50.15 vs 50.22 ms,
+# S=512 65.67 vs 65.70 at session 14). Several devices: XLA's own choice, the meshes not measured with cuBLAS only
+# (session 6 found cuBLAS 5-7% slower there, at older code).
+AUTO_XLA_GEMM = {"one device": "cublas", "several devices": "xla"}
 
 
 @jax.tree_util.register_dataclass
@@ -201,10 +201,11 @@ class Steps:
     def compiler_options(self) -> dict | None:
         """XLA options of both steps, from `xla_gemm`: "cublas" turns XLA's Triton GEMM emitter off
         (`xla_gpu_enable_triton_gemm=false`), so every GEMM is a cuBLAS call; "xla" leaves XLA's per-GEMM choice
-        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` (see there: "xla"). Nothing is set off the GPU."""
+        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` (cuBLAS on one device, XLA's choice on a mesh of
+        several). Nothing is set off the GPU."""
         choice = self.tc.xla_gemm
         if choice == "auto":
-            choice = AUTO_XLA_GEMM
+            choice = AUTO_XLA_GEMM["several devices" if self.mesh is not None and self.mesh.size > 1 else "one device"]
         if choice == "cublas" and jax.default_backend() == "gpu":
             return {"xla_gpu_enable_triton_gemm": False}
         return None

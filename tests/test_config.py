@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -63,11 +64,15 @@ def test_train_config_xla_gemm_and_its_compiler_options(monkeypatch):
         TrainConfig(xla_gemm="triton")
 
     class Fake:  # just what Steps.compiler_options reads
-        def __init__(self, gemm):
-            self.tc = TrainConfig(xla_gemm=gemm)
-    options = lambda gemm: steps_mod.Steps.compiler_options(Fake(gemm))  # noqa: E731
+        def __init__(self, gemm, mesh):
+            self.tc, self.mesh = TrainConfig(xla_gemm=gemm), mesh
+    one, several = (jax.make_mesh((n,), ("data",), devices=jax.devices()[:n]) for n in (1, 2))
+    options = lambda gemm, mesh=None: steps_mod.Steps.compiler_options(Fake(gemm, mesh))  # noqa: E731
     assert options("auto") is None and options("cublas") is None  # off the GPU nothing is set
     monkeypatch.setattr(steps_mod.jax, "default_backend", lambda: "gpu")
-    assert options("cublas") == {"xla_gpu_enable_triton_gemm": False}
-    assert options("xla") is None
-    assert options("auto") == options(steps_mod.AUTO_XLA_GEMM)
+    cublas = {"xla_gpu_enable_triton_gemm": False}
+    assert options("cublas") == cublas and options("cublas", several) == cublas
+    assert options("xla") is None and options("xla", several) is None
+    # auto: cuBLAS only on one device (no mesh, or a mesh of one), XLA's choice on a mesh of several devices
+    assert options("auto") == cublas and options("auto", one) == cublas
+    assert options("auto", several) is None
