@@ -1,5 +1,5 @@
 #!/bin/bash
-# PREPARED FOR THE NEXT SESSION (not run in session 15): should `--xla-gemm auto` mean cuBLAS? Session 15 measured
+# Session 16, run 1 (prepared in session 15 as next_gemm_ab1.sh, run as written on one H200): should `--xla-gemm auto` mean cuBLAS? Session 15 measured
 # cuBLAS-only GEMMs (+ the Q/K/V bias in their epilogue) faster at S=512 with the kernels, but across machine
 # sessions. Part 1 (one H200, ~8 min): BERT-large --kernels pallas, alternating in one machine session: S=512 B16
 # auto / cublas / auto / cublas, then S=128 B64 auto / cublas / cublas with the bias not folded into the flash

@@ -1,5 +1,5 @@
 #!/bin/bash
-# PREPARED FOR THE NEXT SESSION (not run in session 15): part 2 of next_gemm_ab1.sh (one H200, ~7 min): the same
+# Session 16, run 2 (prepared in session 15 as next_gemm_ab2.sh, run as written): part 2 of run1.sh (one H200, ~7 min): the same
 # question for --kernels xla (S=128 B64 and S=512 B16, auto / cublas alternating) and S=128 pallas auto / nofold+cublas
 # once more. Then, if cuBLAS wins where it is asked, the 2-GPU meshes (distributed-2xh200.md's commands with
 # --xla-gemm cublas) before `AUTO_XLA_GEMM` (jaxformer/steps.py) changes, and the README table re-measured.

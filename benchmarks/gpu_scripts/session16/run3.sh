@@ -1,5 +1,6 @@
 #!/bin/bash
-# PREPARED FOR THE NEXT SESSION (not run in session 15): mgpu_pair_hash.patch, the bias+GELU Mosaic GPU kernels'
+# Session 16, run 3 (prepared in session 15 as next_pair_hash.sh, run as written, on the tree of 7aa0981; the patch
+# is in main since session 16, so this script no longer applies to main): session15/mgpu_pair_hash.patch, the bias+GELU Mosaic GPU kernels'
 # dropout mask written so two lanes of a pair share their hash expression (`keep_mask_lanes`), which the compiler may
 # then draw once per pair. CPU: interpret-mode math and CUDA lowering pass on jax 0.10.2 and 0.11.2 (session 15).
 # Predicted (session 15, kernels-h200.md): if the hash is CSE'd, half of the ~34 us the mask adds to the 8192x3072
