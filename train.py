@@ -83,8 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "faster there), JAX's default otherwise")
     p.add_argument("--xla-gemm", choices=("auto", "xla", "cublas"), default="auto",
                    help="who runs the GEMMs on a GPU: xla (XLA's choice per GEMM, Triton or cuBLAS), cublas (XLA's "
-                        "Triton GEMMs off: faster at S=512 with the kernels, equal at S=128, slower with session 6's "
-                        "code; README, Measured); auto: xla")
+                        "Triton GEMMs off); auto: cublas on one device (measured faster with the kernels, equal "
+                        "without; README, Measured), xla on a mesh of several devices")
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-process run: address of process 0's coordinator (default: $JAXFORMER_COORDINATOR; "
                         "none and no SLURM step: one process); see README, Multi-host")

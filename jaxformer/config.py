@@ -306,7 +306,7 @@ class TrainConfig:
     pipeline_repeats: int = 1  # layer chunks per pipeline stage (circular schedule)
     sequence_parallel: bool = False  # split the residual stream's S over `tensor` between blocks (jaxformer.sharding)
     xla_opt_level: str = "auto"  # XLA's optimization level for the train step (steps.Steps.optimization_level)
-    xla_gemm: str = "auto"  # GEMMs on a GPU: XLA's choice or cuBLAS only (steps.Steps.compiler_options)
+    xla_gemm: str = "auto"  # GEMMs on a GPU: XLA's choice, cuBLAS only, or auto (steps.AUTO_XLA_GEMM)
     # Multi-process runs (jaxformer.distributed): None falls back to $JAXFORMER_*, then SLURM, then one process.
     coordinator: str | None = None  # HOST:PORT of process 0's coordination service
     num_processes: int | None = None

@@ -25,7 +25,8 @@ place and write one packed gradient. Under pallas the layer passes the projectio
 the kernels apply it where that measured faster (`BlockSizes.fold_bias`, with the one-kernel backward at S <= 128),
 and its gradient is summed from the dQKV tiles the backward kernels store. Where XLA adds it (S > 128), the add is
 written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epilogue when the GEMMs are cuBLAS calls
-(`TrainConfig.xla_gemm="cublas"`; benchmarks/results/train-h200.md, session 15).
+(`TrainConfig.xla_gemm="cublas"`, which `"auto"` means on one device; benchmarks/results/train-h200.md, sessions
+15-16).
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
