@@ -60,6 +60,17 @@ def load(ref, *, layout=None, optimized: bool = True):
     return plgpu.load(ref, layout=layout, optimized=optimized)
 
 
+def store(ref, value, *, interpret: bool):
+    """`ref[...] = value` for a value in a TILED register layout, as jax 0.10/0.11 lower it: a plain transfer, no
+    planning (`optimized=False`). jax 0.12's `ref[...] =` plans TILED stores and rejects BDRLN's (its row statistics
+    are 4-byte stores, not whole 32-byte GMEM sectors; its float32 accumulators move 32-byte vectors across 16-byte
+    swizzle tiles); 0.12's `plgpu.store(..., optimized=False)` keeps the old transfer. Index `ref` with `.at[]`."""
+    if interpret or not hasattr(plgpu, "store"):  # jax < 0.12: the assignment is the plain transfer
+        ref[...] = value
+    else:
+        plgpu.store(ref, value, optimized=False)
+
+
 def interpret_params(interpret: bool):
     """`interpret=True` runs the kernel in Mosaic GPU's interpret mode (CPU; `InterpretGPUParams`, private in jax
     0.10/0.11); False compiles it for the GPU."""

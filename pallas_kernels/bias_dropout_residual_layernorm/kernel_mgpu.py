@@ -100,6 +100,10 @@ class _Tile:
     def zeros(self):
         return self._cast(jnp.zeros(self.shape, jnp.float32), self.layout)
 
+    def store(self, ref, value):
+        """ref[...] = value (a tile or a row statistic), as a plain transfer on every jax (`_mgpu.store`)."""
+        _mgpu.store(ref, value, interpret=self.interpret)
+
 
 def _vec(*dtypes) -> int:
     """16-byte vectors of the narrowest operand (wider operands then load 2 x 16 bytes per vector)."""
@@ -172,8 +176,8 @@ def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret
             centered = h - t.rows(mean)
             rstd = lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
             view(y_smem)[...] = (centered * t.rows(rstd) * g + beta).astype(y_smem.dtype)
-            mean_gmem[pl.ds(first_row, br)] = mean
-            rstd_gmem[pl.ds(first_row, br)] = rstd
+            t.store(mean_gmem.at[pl.ds(first_row, br)], mean)
+            t.store(rstd_gmem.at[pl.ds(first_row, br)], rstd)
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         ins = [x_gmem] + ([r_gmem] if has_res else [])
@@ -217,7 +221,7 @@ def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, inte
         g = t.param(s_gmem)
         seeds = _seeds(seed_gmem, rate)
         for k in range(n_acc):
-            acc_smem[k] = t.zeros()
+            t.store(acc_smem.at[k], t.zeros())
 
         def stats(tile_index):  # (mean, rstd) of one tile's rows, straight from GMEM
             rows_ = pl.ds(tile_index * br, br)
@@ -245,11 +249,11 @@ def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, inte
             # Outputs go straight from registers to GMEM (each warp stores 512 contiguous bytes): no SMEM staging,
             # which leaves room in SMEM for two programs per SM next to the accumulators.
             rows_ = pl.ds(first_row, br)
-            dx_gmem[rows_] = dx.astype(dx_gmem.dtype)
+            t.store(dx_gmem.at[rows_], dx.astype(dx_gmem.dtype))
             if dres_gmem is not None:
-                dres_gmem[rows_] = dh.astype(dres_gmem.dtype)
+                t.store(dres_gmem.at[rows_], dh.astype(dres_gmem.dtype))
             for k, v in enumerate((d * xhat, d, dx)[:n_acc]):
-                acc_smem[k] = t.load(acc_smem.at[k]) + v
+                t.store(acc_smem.at[k], t.load(acc_smem.at[k]) + v)
             return next_stats
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
