@@ -27,7 +27,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from .._math import _SQRT_HALF, erf_f32, gelu_and_grad
 from .. import _mgpu
 from .._mgpu import LANES, check_rows, iota, kernel_call, pipeline, split_programs, strided, supported, vec_size, zeros
-from ..dropout import keep_mask, keep_mask_lanes
+from ..dropout import keep_mask_lanes
 
 __all__ = ["Blocks", "backward", "default_blocks", "forward", "supported"]
 
@@ -58,13 +58,10 @@ def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def _keep(s0, s1, first, n, vec, width, interpret, rate):
-    """The tile's keep mask: elements first + [0, n). With an even width every tile starts at an even index, so the
-    pair form (`keep_mask_lanes`: one hash per two lanes once the compiler sees the shared expression) applies."""
-    lane = iota(n, vec, interpret)
-    if width % 2 == 0:
-        return keep_mask_lanes((s0, s1), first, lane, rate)
-    return keep_mask((s0, s1), lane + first, rate)
+def _keep(s0, s1, first, n, vec, interpret, rate):
+    """The tile's keep mask: elements first + [0, n), in the pair form (`keep_mask_lanes`: one hash per two lanes once
+    the compiler sees the shared expression). `check_rows` makes the width a multiple of 256, so `first` is even."""
+    return keep_mask_lanes((s0, s1), first, iota(n, vec, interpret), rate)
 
 
 def _gelu(h):
@@ -93,7 +90,7 @@ def forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
             if rate:
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                y = jnp.where(_keep(s0, s1, first, n, vec, width, interpret, rate), y / (1.0 - rate), 0.0)
+                y = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), y / (1.0 - rate), 0.0)
             y_smem[...] = y.astype(y_smem.dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
@@ -132,7 +129,7 @@ def backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
             if rate:
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                g = jnp.where(_keep(s0, s1, first, n, vec, width, interpret, rate), g / (1.0 - rate), 0.0)
+                g = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), g / (1.0 - rate), 0.0)
             dx = g * grad
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
             return acc + dx
