@@ -69,9 +69,11 @@ def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, i
     The kernels read q, k and v in place and the backward writes one packed dQKV (B, S, 3, N, H), so the fused QKV
     projection's [B*S, 3*N*H] GEMM output and its gradient need no slices, concatenation or transposes around the
     kernels (they cost 88 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
-    `bias` (3, N, H), optional: the projection's bias; the result is `attention_qkv(qkv + bias)` (the add rounded in
-    qkv's dtype). With `block_sizes.fold_bias` (the default where the backward is one kernel) the kernels apply it
-    themselves, so the projection's output is never rewritten with it (AIB fused); else XLA adds it before them.
+    `bias` (3, N, H), optional: the projection's bias; the result is `attention_qkv(qkv + bias)`. With
+    `block_sizes.fold_bias` (the default where the backward is one kernel) the kernels apply it themselves, so the
+    projection's output is never rewritten with it (AIB fused), rounding at most q + bq to qkv's dtype (k's and v's
+    biases enter by exact identities: kernel.py's shared tile math); else XLA adds it before them, the sum rounded
+    in qkv's dtype (`_add_bias`).
     Differentiable: its gradient is dQKV summed over B and S (in fp32, by the backward kernels as they store dQKV).
     Same mask, dropout and other arguments as `flash_attention`.
     """
@@ -90,11 +92,13 @@ def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, i
 
 
 def _add_bias(qkv, bias):
-    """qkv + bias (3, N, H), the bias rounded to qkv's dtype and the sum rounded once, as the kernels apply it (XLA's
-    add where the kernels do not fold the bias: `BlockSizes.fold_bias`).
+    """qkv + bias (3, N, H), the bias rounded to qkv's dtype and the sum rounded once, as the folding kernels apply
+    q's (XLA's add where the kernels do not fold the bias: `BlockSizes.fold_bias`).
 
-    Written as the add of a (3*N*H,) row to the projection GEMM's 2-D [B*S, 3*N*H] output, in qkv's dtype (the same
-    values: XLA adds 16-bit floats in float32 and rounds once): in that form XLA puts it into the GEMM's cuBLAS(Lt)
+    Written as the add of a (3*N*H,) row to the projection GEMM's 2-D [B*S, 3*N*H] output, in qkv's dtype (XLA adds
+    16-bit floats in float32 and rounds once; checked on the H200 in session 17, where the earlier float32 form,
+    `(qkv.astype(f32) + bias.astype(qkv.dtype).astype(f32)).astype(qkv.dtype)`, added the bias unrounded: XLA's
+    excess precision drops the convert pair): in that form XLA puts it into the GEMM's cuBLAS(Lt)
     bias epilogue when the GEMM is a cuBLAS call (`TrainConfig.xla_gemm="cublas"`), so the projection's output is not
     rewritten (the epilogue adds the bias to the float32 accumulator before the one rounding: not bit-equal to this
     form, a rounding closer to exact); on the 5-D shape, or in float32 around the rounded GEMM output, it stayed one
