@@ -181,10 +181,10 @@ def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, **kw):
     if bias is None:
         ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g32, seed, rate)
     else:
-        exact = qkv.astype(jnp.float32) + bias.astype(qkv.dtype).astype(jnp.float32)
-        rounded = (qkv + bias.astype(qkv.dtype)).astype(jnp.float32)
-        blocks = kw.get("block_sizes") or default_block_sizes(qkv.shape[1], qkv.shape[-1])
-        biased = exact.at[:, :, 0].set(rounded[:, :, 0]) if blocks.fold_bias else rounded
+        biased = (qkv + bias.astype(qkv.dtype)).astype(jnp.float32)  # every sum rounded
+        if (kw.get("block_sizes") or default_block_sizes(qkv.shape[1], qkv.shape[-1])).fold_bias:  # q's only
+            exact = qkv.astype(jnp.float32) + bias.astype(qkv.dtype).astype(jnp.float32)
+            biased = exact.at[:, :, 0].set(biased[:, :, 0])
         out, dqkv = _packed_value_and_vjp(attention_qkv, biased, mask, g32, seed, rate)
         ref = (out, dqkv, dqkv.sum(axis=(0, 1)))
     tol = _TOL[qkv.dtype.type]
@@ -224,11 +224,10 @@ def test_packed_qkv_matches_reference(dtype, rate, bias):
         flash_attention_qkv(qkv, _mask([64, 23], 64), bias=jnp.zeros((3, 32)))
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
-def test_unfolded_bias_add_rounds_once(dtype):
-    # Where the kernels do not fold the Q/K/V bias, XLA adds it on the GEMM's 2-D output in qkv's dtype (the form it
-    # can put into a cuBLAS bias epilogue): the values must be the sum rounded once, qkv + round(bias), as the kernels
-    # apply it, on operands of widely different magnitudes (where rounding twice would show).
+def _check_unfolded_bias_add(dtype):
+    """Where the kernels do not fold the Q/K/V bias, XLA adds it on the GEMM's 2-D output in qkv's dtype (the form it
+    can put into a cuBLAS bias epilogue): the values must be the sum rounded once, qkv + round(bias), as the kernels
+    apply it, on operands of widely different magnitudes (where rounding twice would show)."""
     from pallas_kernels.attention import _add_bias
     k = jax.random.split(jax.random.key(21), 3)
     qkv = (jax.random.normal(k[0], (2, 16, 3, 2, 8)) * jnp.exp(3 * jax.random.normal(k[1], (2, 16, 3, 2, 8))))
@@ -240,6 +239,11 @@ def test_unfolded_bias_add_rounds_once(dtype):
     np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32)))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_unfolded_bias_add_rounds_once(dtype):
+    _check_unfolded_bias_add(dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 def test_unfolded_bias_add_rounds_once_on_gpu(dtype):
@@ -247,7 +251,7 @@ def test_unfolded_bias_add_rounds_once_on_gpu(dtype):
     # add, (qkv.astype(f32) + bias.astype(bf16).astype(f32)).astype(bf16), added the bias unrounded (session 17, run
     # 3; benchmarks/results/kernels-h200.md). The CPU suite runs with JAX_PLATFORMS=cpu on a GPU machine, so only a
     # gpu-marked test checks the compiled GPU form.
-    test_unfolded_bias_add_rounds_once(dtype)
+    _check_unfolded_bias_add(dtype)
 
 
 def test_packed_qkv_under_a_mesh_equals_one_device():
