@@ -16,6 +16,7 @@ from pallas_kernels.attention import (
     flash_attention_qkv,
     sharded_flash_attention_qkv,
 )
+from pallas_kernels.attention import kernel_mgpu
 from pallas_kernels.attention.reference import attention_qkv
 from pallas_kernels.dropout import seed_from_key
 
@@ -111,6 +112,47 @@ def test_default_backward_kernels():
     q, k, v, _ = _inputs(jax.random.key(20), 1, 32, 96, 1, 32, jnp.float32)
     with pytest.raises(ValueError, match="T=96 keys in one tile"):
         flash_attention(q, k, v, jnp.ones((1, 96), bool), block_sizes=dataclasses.replace(_SMALL, fused_bwd=True))
+
+
+def _has_mgpu_interpret():
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: F401
+    except ImportError:
+        return False
+    return jax.default_backend() == "cpu"
+
+
+_MGPU = dataclasses.replace(default_block_sizes(128, 64), mgpu_bwd=True)
+
+
+@pytest.mark.skipif(not _has_mgpu_interpret(), reason="needs Mosaic GPU interpret mode on the CPU")
+@pytest.mark.parametrize("packed", [False, True])
+def test_mgpu_backward_matches_reference(packed):
+    # The Mosaic GPU one-kernel backward (S = T = 128, H = 64, bf16) in Mosaic GPU's interpret mode: dropout, a length
+    # inside each key half, an example with no real key; packed with the folded bias and its gradient. Against the
+    # fp32 reference (the GPU-marked cases compile it).
+    if packed:
+        qkv = jax.random.normal(jax.random.key(22), (3, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
+        g = jax.random.normal(jax.random.key(23), (3, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+        _check_packed(qkv, _mask([128, 37, 0], 128), g, rate=0.1, block_sizes=_MGPU, bias=_packed_bias(qkv))
+    else:
+        q, k, v, g = _inputs(jax.random.key(24), 3, 128, 128, 2, 64, jnp.bfloat16)
+        _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, block_sizes=_MGPU)
+
+
+def test_mgpu_backward_shape_errors():
+    q, k, v, _ = _inputs(jax.random.key(25), 1, 64, 64, 1, 64, jnp.bfloat16)
+    with pytest.raises(ValueError, match="S = T = 128, H = 64.*got S=64, T=64, H=64"):
+        flash_attention(q, k, v, jnp.ones((1, 64), bool), block_sizes=_MGPU)
+    q, k, v, _ = _inputs(jax.random.key(25), 1, 128, 128, 1, 64, jnp.float32)
+    with pytest.raises(ValueError, match="dtype=float32"):
+        flash_attention(q, k, v, jnp.ones((1, 128), bool), block_sizes=_MGPU)
+    with pytest.raises(ValueError, match="needs fused_bwd=True"):
+        flash_attention(q, k, v, jnp.ones((1, 128), bool), block_sizes=dataclasses.replace(_MGPU, fused_bwd=False))
+    assert not default_block_sizes(128, 64, dtype=jnp.float32).mgpu_bwd
+    assert not default_block_sizes(512, 64, dtype=jnp.bfloat16).mgpu_bwd
+    assert default_block_sizes(128, 64, dtype=jnp.bfloat16).mgpu_bwd == (jax.default_backend() == "gpu"
+                                                                          and kernel_mgpu.supported())
 
 
 def test_dropout_mask_identical_to_reference():
@@ -275,13 +317,17 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
 
 
 # The GPU shapes: the defaults at S = 128 and 512, and the other backward variants (the one-kernel backward or the
-# dK/dV + dQ pair, row- or key-major tiles, dS stored for the dQ product or recomputed).
+# dK/dV + dQ pair, row- or key-major tiles, dS stored for the dQ product or recomputed; the Mosaic GPU one-kernel
+# backward).
 _GPU_CASES = [(128, {}), (128, {"fused_bwd": False, "key_major": False}), (128, {"fused_bwd": True, "key_major": True}),
               (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"store_ds": False}),
-              (512, {"key_major": False, "store_ds": False}), (512, {"key_major": False})]
+              (512, {"key_major": False, "store_ds": False}), (512, {"key_major": False}), (128, {"mgpu_bwd": True})]
 
 
 def _gpu_blocks(s, variant):
+    """The variant's block sizes (the Triton defaults: no dtype given), skipping Mosaic GPU ones where unsupported."""
+    if variant.get("mgpu_bwd") and not kernel_mgpu.supported():
+        pytest.skip("the Mosaic GPU backward needs a Hopper-or-newer GPU")
     return dataclasses.replace(default_block_sizes(s, 64), **variant)
 
 

@@ -166,7 +166,7 @@ def _prepare(q, k, v, mask, seed, rate, interpret, block_sizes, batch_offset, he
     if seed is None or rate == 0.0:  # static: the kernels are built without any dropout code
         seed, rate = None, 0.0
     if block_sizes is None:
-        block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1])
+        block_sizes = default_block_sizes(q.shape[1], q.shape[-1], k.shape[1], q.dtype)
         kernel.check_inputs(q, k, v, mask, block_sizes)  # bad shapes fail here, before any tuning
         block_sizes = _tuned(block_sizes, q, k, rate, packed, interpret)
     kernel.check_inputs(q, k, v, mask, block_sizes)

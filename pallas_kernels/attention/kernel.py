@@ -38,6 +38,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from .._pallas import compiler_params
 from ..dropout import keep_mask_tile
+from . import kernel_mgpu
 
 _LOG2E = math.log2(math.e)
 _PADDED = float(jnp.finfo(jnp.float32).min)  # the score of a padded key, as in the reference softmax
@@ -75,6 +76,9 @@ class BlockSizes:
     # multiplies it by K instead of recomputing the scores, probabilities, dropout mask and dP (delta then comes
     # from an XLA pass before the pair). Trades the dQ kernel's recompute for one write and one read of dS.
     store_ds: bool = False
+    # The one-kernel backward in Mosaic GPU (`kernel_mgpu.py`: wgmma, TMA) instead of Triton's (needs `fused_bwd`;
+    # Hopper or newer, S = T = 128, H = 64, 16-bit floats). The default where it runs (session 18, kernels-h200.md).
+    mgpu_bwd: bool = False
 
 
 def _fit(cap: int, n: int) -> int:
@@ -85,8 +89,8 @@ def _fit(cap: int, n: int) -> int:
     return block
 
 
-def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
-    """Defaults for query length S, head width H and key length T (= S unless given).
+def default_block_sizes(s: int, h: int, t: int | None = None, dtype=None) -> BlockSizes:
+    """Defaults for query length S, head width H and key length T (= S unless given), for inputs of `dtype`.
 
     H <= 64 (BERT): 128x64 forward tiles with 4 warps, as Triton's fused-attention tutorial uses; the backward
     tiles are smaller because each step holds four fp32 (block_q, block_k) tiles (s/p, dp, ds, the hash) at once,
@@ -96,7 +100,8 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
     The key-major pair stores dS for a dQ = dS K kernel with 128x64 tiles (`store_ds`; session 12, B16 S512 p=0.1:
     dK/dV 153.6 -> 167.7 us, dQ 116.6 -> 50.1, plus a 5.1 us XLA delta: -48.7 us per call; row-major tiles store
     it slower). Wider heads (not tuned): row-major pair, the key tile halved and the warps doubled to keep the fp32
-    accumulators in registers.
+    accumulators in registers. On Hopper-or-newer GPUs, at S = T = 128, H = 64 and a 16-bit `dtype`, the one-kernel
+    backward is the Mosaic GPU one (`mgpu_bwd`; session 18: B64 S128 backward 94.7 -> ~53 us at p = 0).
     """
     t = s if t is None else t
     wide = h > 64
@@ -108,6 +113,7 @@ def default_block_sizes(s: int, h: int, t: int | None = None) -> BlockSizes:
         block_q_dq=_fit(128 if store_ds else 64, s), block_k_dq=_fit(64 if store_ds else 32, t),
         num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
         fused_bwd=fused, key_major=not wide, fold_bias=fused, store_ds=store_ds,
+        mgpu_bwd=fused and dtype is not None and kernel_mgpu.shape_ok(s, t, h, dtype) and kernel_mgpu.supported(),
     )
 
 
@@ -123,11 +129,13 @@ def candidate_block_sizes(around: BlockSizes, s: int, h: int, t: int | None = No
     if stage != "bwd":
         raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
     # dS stored only with key-major tiles (row-major measured slower: session 12); one candidate toggles it.
-    pairs = [dataclasses.replace(around, fused_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
+    # Triton candidates only (`mgpu_bwd` off); a Mosaic GPU default stays in the race as `around`.
+    pairs = [dataclasses.replace(around, fused_bwd=False, mgpu_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
                                  block_k_dkv=_fit(bk, t), num_warps_bwd=w, store_ds=km and around.store_ds)
              for km in (False, True) for bq, bk, w in ((32, 64, 4), (64, 64, 4), (32, 32, 4), (64, 128, 8))]
-    pairs.append(dataclasses.replace(around, fused_bwd=False, store_ds=not around.store_ds))
-    fused = [dataclasses.replace(around, fused_bwd=True, key_major=km, block_q_dkv=_fit(bq, s), num_warps_fused=w)
+    pairs.append(dataclasses.replace(around, fused_bwd=False, mgpu_bwd=False, store_ds=not around.store_ds))
+    fused = [dataclasses.replace(around, fused_bwd=True, mgpu_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
+                                 num_warps_fused=w)
              for km in (False, True) for bq, w in ((16, 4), (32, 8), (64, 8))] if t <= 128 and _is_pow2(t) else []
     return pairs + fused
 
@@ -155,6 +163,10 @@ def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
             raise ValueError(f"{name}={block} must be a power of two >= 16")
     if blocks.fused_bwd and not _is_pow2(t):
         raise ValueError(f"fused_bwd holds all T={t} keys in one tile: T must be a power of two")
+    if blocks.mgpu_bwd:
+        if not blocks.fused_bwd:
+            raise ValueError("mgpu_bwd=True is a one-kernel backward: it needs fused_bwd=True")
+        kernel_mgpu.check_shape(s, t, h, q.dtype)
     for name, length in (("block_q", s), ("block_q_dkv", s), ("block_q_dq", s),
                          ("block_k", t), ("block_k_dkv", t), ("block_k_dq", t)):
         block = getattr(blocks, name)
@@ -588,6 +600,9 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: BlockSizes
     XLA adds those per-program sums, so dQKV is not read again for it."""
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
+    if blocks.mgpu_bwd:
+        return kernel_mgpu.backward(q, k, v, code, seed, o, lse, do, rate=rate, interpret=interpret, heads=heads,
+                                    packed=packed, bias=bias, bias_grad=bias_grad)
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
                                heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
