@@ -10,7 +10,8 @@ One CTA per (b, n), two warpgroups. Warpgroup w owns queries [64w, 64w + 64) fir
 dP = dO_w V^T (as two 64 x 64 key halves), P = exp2(S * scale * log2 e - lse), the dropout mask, dS = P * (dP - delta),
 and dQ_w = dS K, complete in registers and stored at once. It writes P (dropped) and dS in bf16 to SMEM, laid out as
 (key half, query, key) tiles; after a barrier between the warpgroups, warpgroup w owns keys [64w, 64w + 64) and forms
-dV_w = P^T dO and dK_w = dS^T Q from SMEM (wgmma's transposed left operand). delta = rowsum(dO * O) comes from XLA.
+dV_w = P^T dO and dK_w = dS^T Q from SMEM (wgmma's transposed left operand). delta = rowsum(dO * O) is formed from
+the warpgroup's O and dO tiles.
 
 Numerics and conventions follow `kernel.py`: base-2 scores, padded keys at finfo.min (exactly zero probability), a
 constant score 0 for every key of an all-padded example, the mask drawn from the same hash and index
@@ -18,7 +19,7 @@ constant score 0 for every key of an all-padded example, the mask drawn from the
 products. The Q and V biases (`bias`) are added to the q and v tiles in SMEM and rounded there, as XLA rounds its
 add (k's bias cannot change the softmax: its gradient is the column sum of dK, near zero). With `bias_grad`, each
 warpgroup sums the columns of the dQ, dK and dV tiles it stores, exactly (a wgmma with a ones tile), and XLA adds
-the (B, N, 2, 3, H) partial sums.
+the (B, 2, 3, N, H) partial sums.
 
 On the CPU, `interpret=True` runs it in Mosaic GPU's interpret mode (the math and indexing; layouts are ignored).
 """
@@ -134,8 +135,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
     scale = h ** -0.5
     drop = seed is not None and rate > 0.0
     with_bias = bias is not None
-    delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))
-    extras = [delta]
+    extras = []
     if drop:
         u32 = jnp.uint32
         head_row = ((jnp.arange(b, dtype=u32)[:, None] + seed[2]) * u32(heads) + jnp.arange(n, dtype=u32)[None, :]
@@ -148,7 +148,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
 
     def body(*refs):
         refs = list(refs)
-        (qkv_scratch, p_s, ds_s, out_s, ones_s, lse_s, delta_s, code_s, first_s, seed_s, bias_s, sum_s), bars, sync \
+        (qkv_scratch, p_s, ds_s, out_s, ones_s, lse_s, code_s, first_s, seed_s, bias_s, sum_s), bars, sync \
             = refs.pop()
         if packed:
             qkv_ref = refs.pop(0)
@@ -156,7 +156,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         else:
             q_ref, k_ref, v_ref = refs[:3]
             refs = refs[3:]
-        code_ref, do_ref, lse_ref, delta_ref = refs[:4]
+        code_ref, o_ref, do_ref, lse_ref = refs[:4]
         refs = refs[4:]
         first_ref, seed_ref = (refs.pop(0), refs.pop(0)) if drop else (None, None)
         bias_ref = refs.pop(0) if with_bias else None
@@ -165,7 +165,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
 
         bi, ni, w = lax.axis_index("b"), lax.axis_index("n"), lax.axis_index("wg")
         rows = pl.ds(w * _HALF, _HALF)
-        q_s, k_s, v_s, do_s = (qkv_scratch.at[i] for i in range(4))
+        q_s, k_s, v_s, do_s, o_s = (qkv_scratch.at[i] for i in range(5))
 
         def src(c, ref):  # GMEM (64, H) rows of this warpgroup's half: q (c = 0), k (1), v (2)
             return qkv_ref.at[bi, rows, c, ni] if packed else ref.at[bi, rows, ni]
@@ -175,8 +175,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
 
         # Each warpgroup loads its half of every per-head input; both wait for both halves.
         loads = [(src(0, q_ref), q_s.at[rows]), (src(1, k_ref), k_s.at[rows]), (src(2, v_ref), v_s.at[rows]),
-                 (do_ref.at[bi, rows, ni], do_s.at[rows]), (lse_ref.at[bi, ni, rows], lse_s.at[rows]),
-                 (delta_ref.at[bi, ni, rows], delta_s.at[rows]), (code_ref.at[bi, rows], code_s.at[rows])]
+                 (do_ref.at[bi, rows, ni], do_s.at[rows]), (o_ref.at[bi, rows, ni], o_s.at[rows]),
+                 (lse_ref.at[bi, ni, rows], lse_s.at[rows]), (code_ref.at[bi, rows], code_s.at[rows])]
         if drop:
             loads += [(first_ref.at[bi, ni, rows], first_s.at[rows]), (seed_ref.at[w], seed_s.at[w])]
         if with_bias:  # warpgroup 0 brings q's bias (C = 0), warpgroup 1 v's (C = 2)
@@ -201,7 +201,9 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
             sync_warpgroups()
 
         lse = _per_row(lse_s.at[rows], interpret)
-        delta = _per_row(delta_s.at[rows], interpret)
+        dot_o = (_load(o_s.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
+                 * _load(do_s.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32))
+        delta = lax.broadcast_in_dim(jnp.sum(dot_o, axis=1), (_HALF, _HALF), [0])  # rowsum(dO * O) per query
         keys = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
         # scores and dP of this warpgroup's queries, one 64 x 64 tile per key half
         s0, s1, dp0, dp1 = _products(
@@ -246,24 +248,24 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
             for c, x in enumerate(sums):
                 sum_s.at[w, c][...] = jnp.max(x, axis=1)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(sum_s.at[w], sums_ref.at[bi, ni, w])
+            plgpu.copy_smem_to_gmem(sum_s.at[w], sums_ref.at[bi, w, :, ni])
         plgpu.wait_smem_to_gmem(0)
 
     grads = [jax.ShapeDtypeStruct(q.shape, dtype)] if packed else [
         jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
     if bias_grad:
-        grads.append(jax.ShapeDtypeStruct((b, n, 2, 3, h), jnp.float32))
+        grads.append(jax.ShapeDtypeStruct((b, 2, 3, n, h), jnp.float32))
     n_loads = 7 + 2 * drop + with_bias
 
     def entry(*refs):
         tile = (_SEQ, h)
         scratch = (
-            plgpu.SMEM((4, *tile), dtype, transforms=tr),  # q, k, v, dO
+            plgpu.SMEM((5, *tile), dtype, transforms=tr),  # q, k, v, dO, O
             plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=tr),  # P (dropped) by key half
             plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=tr),  # dS by key half
             plgpu.SMEM((3, *tile), dtype, transforms=tr),  # dQ, dK, dV as stored
             plgpu.SMEM((_HALF, _HALF), dtype, transforms=tr),  # ones, for the bias gradient's column sums
-            plgpu.SMEM((_SEQ,), jnp.float32), plgpu.SMEM((_SEQ,), jnp.float32),  # lse, delta
+            plgpu.SMEM((_SEQ,), jnp.float32),  # lse
             plgpu.SMEM((_SEQ,), jnp.int32), plgpu.SMEM((_SEQ,), jnp.uint32),  # mask code, dropout first index
             plgpu.SMEM((2, _HALF), jnp.uint32),  # the two seed words, each broadcast over 64 entries
             plgpu.SMEM((2, h), dtype),  # q's and v's bias
@@ -273,14 +275,14 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
                       plgpu.Barrier(num_barriers=2 * n_loads), plgpu.Barrier(num_arrivals=2),
                       collective_axes="wg")
 
-    inputs = ([q] if packed else [q, k, v]) + [code, do, lse] + extras
+    inputs = ([q] if packed else [q, k, v]) + [code, o, do, lse] + extras
     out = plgpu.kernel(entry, out_type=tuple(grads), grid=(b, n), grid_names=("b", "n"), num_threads=2,
                        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
                        interpret=_mgpu.interpret_params(interpret))(*inputs)
     out = list(out)
     if bias_grad:
         sums = out.pop()
-        dbias = jnp.sum(sums, axis=(0, 2)).swapaxes(0, 1)  # (B, N, 2, 3, H) -> (3, N, H)
+        dbias = jnp.sum(sums, axis=(0, 1))  # (B, 2, 3, N, H) -> (3, N, H)
     grads = out[0] if packed else tuple(out)
     return (grads, dbias) if bias_grad else grads
 

@@ -1,8 +1,10 @@
 """Session 18: the Mosaic GPU one-kernel backward (`BlockSizes.mgpu_bwd`, the new default at S = T = 128, H = 64 on
 Hopper) against the Triton one-kernel backward it replaces, in one process, alternating.
 
-    PYTHONPATH=. python benchmarks/gpu_scripts/session18/ab_mgpu.py op        # attention fwd+bwd, us, + XLA
-    PYTHONPATH=. python benchmarks/gpu_scripts/session18/ab_mgpu.py profile   # device time per kernel
+    PYTHONPATH=. python benchmarks/gpu_scripts/session18/ab_mgpu.py op [TEXT]       # attention fwd+bwd, us, + XLA
+    PYTHONPATH=. python benchmarks/gpu_scripts/session18/ab_mgpu.py profile [TEXT]  # device time per kernel
+
+TEXT: only the cases whose label contains it (e.g. "p=0.1"); `op ... --once` times each implementation once.
     PYTHONPATH=. python benchmarks/gpu_scripts/session18/ab_mgpu.py triton benchmarks/train_step.py ARGS...
 
 `triton SCRIPT ARGS` runs SCRIPT with the defaults' `mgpu_bwd` forced off (the Triton backward), for a same-code A/B
@@ -72,17 +74,21 @@ def main():
     mg = fk.default_block_sizes(128, 64, dtype=jnp.bfloat16)
     tr = dataclasses.replace(mg, mgpu_bwd=False)
     print(jax.__version__, jax.devices()[0].device_kind, f"default mgpu_bwd={mg.mgpu_bwd}", flush=True)
+    only = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else ""
+    cases = [c for c in op_cases() if only in c[0]]
     if mode == "profile":
-        for label, fn, args, _ in op_cases():
+        for label, fn, args, _ in cases:
             for name, blocks in (("mgpu", mg), ("triton", tr)):
                 profile_kernels(fn(blocks), args, 10, 6, f"{label} {name}")
         return
     print(f"copy bandwidth {copy_bandwidth(5) / 1e9:.0f} GB/s", flush=True)
-    print("| B64 N16 S128 H64 | XLA | Triton backward | Mosaic GPU backward | Triton (again) | Mosaic GPU (again) |")
-    print("|---|---|---|---|---|---|")
-    for label, fn, args, xla in op_cases():
+    rounds = 1 if "--once" in sys.argv else 2
+    head = "| B64 N16 S128 H64 | XLA | Triton backward | Mosaic GPU backward |"
+    print(head + " Triton | Mosaic GPU |" * (rounds - 1), flush=True)
+    print("|---|---|---|---|" + "---|---|" * (rounds - 1))
+    for label, fn, args, xla in cases:
         t = [per_iteration(xla, args, 5)]
-        for _ in range(2):
+        for _ in range(rounds):
             t += [per_iteration(fn(tr), args, 5), per_iteration(fn(mg), args, 5)]
         print(f"| {label} | " + " | ".join(f"{x * 1e6:.1f}" for x in t) + " |", flush=True)
 
