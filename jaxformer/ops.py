@@ -10,8 +10,8 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 | bias_dropout_residual_layernorm (BDRLN / BLNRD) | bdrln.reference             | bdrln kernel.py fwd + bwd            |
 | layer_norm (the MLM head's)                     | bdrln.reference.layer_norm  | bdrln kernel.py (no bias/res)        |
 | bias_gelu (BAD / BDRB)                          | bias_gelu.reference         | kernel_mgpu.py (Hopper+) / kernel.py |
-| attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash)          |
-| attention_qkv (the same on packed BSCNH q/k/v)  | attention.reference (**)    | attention kernel.py (flash, packed)  |
+| attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash) (***)    |
+| attention_qkv (the same on packed BSCNH q/k/v)  | attention.reference (**)    | the same, packed (***)               |
 | + the Q/K/V projection bias (AIB)               | XLA add after the GEMM      | inside flash at S <= 128, else XLA   |
 | mlm_cross_entropy (MLM decoder + softmax CE)    | mlm_loss.reference (logits) | mlm_loss chunked.py (*)              |
 
@@ -27,6 +27,8 @@ and its gradient is summed from the dQKV tiles the backward kernels store. Where
 written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epilogue when the GEMMs are cuBLAS calls
 (`TrainConfig.xla_gemm="cublas"`, which `"auto"` means on one device; benchmarks/results/train-h200.md, sessions
 15-16).
+(***) At S = T = 128, H = 64 with 16-bit inputs on Hopper-or-newer GPUs the backward is attention/kernel_mgpu.py
+(Mosaic GPU, `BlockSizes.mgpu_bwd`; measured faster on the H200 and H100, session 18); elsewhere all Triton.
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 

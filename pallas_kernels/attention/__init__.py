@@ -71,9 +71,10 @@ def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, i
     kernels (they cost 88 us per BERT-large layer at B64 S128 with separate q, k, v: kernels-h200.md, session 6).
     `bias` (3, N, H), optional: the projection's bias; the result is `attention_qkv(qkv + bias)`. With
     `block_sizes.fold_bias` (the default where the backward is one kernel) the kernels apply it themselves, so the
-    projection's output is never rewritten with it (AIB fused), rounding at most q + bq to qkv's dtype (k's and v's
-    biases enter by exact identities: kernel.py's shared tile math); else XLA adds it before them, the sum rounded
-    in qkv's dtype (`_add_bias`).
+    projection's output is never rewritten with it (AIB fused): the forward rounds at most q + bq to qkv's dtype (k's
+    and v's biases enter by exact identities: kernel.py's shared tile math), the one-kernel backwards also v + bv
+    (and the Mosaic GPU one q + bq, where Triton's uses an identity); else XLA adds it before them, the sum rounded in
+    qkv's dtype (`_add_bias`).
     Differentiable: its gradient is dQKV summed over B and S (in fp32, by the backward kernels as they store dQKV).
     Same mask, dropout and other arguments as `flash_attention`.
     """

@@ -19,6 +19,8 @@ rowsum(dO * O) of its rows) and then a dK/dV kernel (one per key block, looping 
 `BlockSizes.store_ds` (the default for the key-major pair, T > 128), the dK/dV kernel first (delta from XLA), storing
 dS, then a dQ = dS K kernel; or, where a program can hold all T keys (`BlockSizes.fused_bwd`, the default at
 T <= 128), one kernel per (b, n) that forms each query block's probabilities once for dV, dK and dQ together.
+At S = T = 128, H = 64 with 16-bit inputs on Hopper-or-newer GPUs that one kernel is `kernel_mgpu.py`'s (Mosaic GPU:
+wgmma, TMA; `BlockSizes.mgpu_bwd`), the same contract.
 With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
 
 Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
