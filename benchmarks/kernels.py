@@ -223,7 +223,7 @@ def tune_candidates(blocks_cls, pass_, args=()):
     """Block sizes to try: forward tiles for the forward pass, backward tiles (forward at its default) for fwd+bwd."""
     if blocks_cls is attention_kernel.BlockSizes:  # around the defaults for q's (B, S, N, H); the autotuner's list
         s, h = args[0].shape[1], args[0].shape[3]
-        d = attention_kernel.default_block_sizes(s, h)
+        d = attention_kernel.default_block_sizes(s, h, dtype=args[0].dtype)  # as flash_attention's own default
         return attention_kernel.candidate_block_sizes(d, s, h, stage="fwd" if pass_ == "fwd" else "bwd")
     stage = "fwd" if pass_ == "fwd" else "bwd"
     for module in (bdrln.kernel, bias_gelu.kernel, bdrln_mgpu, bias_gelu_mgpu):  # the autotuner's lists

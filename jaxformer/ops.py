@@ -27,7 +27,7 @@ and its gradient is summed from the dQKV tiles the backward kernels store. Where
 written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epilogue when the GEMMs are cuBLAS calls
 (`TrainConfig.xla_gemm="cublas"`, which `"auto"` means on one device; benchmarks/results/train-h200.md, sessions
 15-16).
-(***) At S = T = 128, H = 64 with 16-bit inputs on Hopper-or-newer GPUs the backward is attention/kernel_mgpu.py
+(***) At S = T = 128, H = 64 with bfloat16 inputs on Hopper-or-newer GPUs the backward is attention/kernel_mgpu.py
 (Mosaic GPU, `BlockSizes.mgpu_bwd`; measured faster on the H200 and H100, session 18); elsewhere all Triton.
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.

@@ -147,9 +147,12 @@ def test_mgpu_backward_shape_errors():
     q, k, v, _ = _inputs(jax.random.key(25), 1, 128, 128, 1, 64, jnp.float32)
     with pytest.raises(ValueError, match="dtype=float32"):
         flash_attention(q, k, v, jnp.ones((1, 128), bool), block_sizes=_MGPU)
+    with pytest.raises(ValueError, match="dtype=float16"):  # compiles the same way, but never ran on a GPU
+        flash_attention(*(x.astype(jnp.float16) for x in (q, k, v)), jnp.ones((1, 128), bool), block_sizes=_MGPU)
     with pytest.raises(ValueError, match="needs fused_bwd=True"):
         flash_attention(q, k, v, jnp.ones((1, 128), bool), block_sizes=dataclasses.replace(_MGPU, fused_bwd=False))
     assert not default_block_sizes(128, 64, dtype=jnp.float32).mgpu_bwd
+    assert not default_block_sizes(128, 64, dtype=jnp.float16).mgpu_bwd
     assert not default_block_sizes(512, 64, dtype=jnp.bfloat16).mgpu_bwd
     assert default_block_sizes(128, 64, dtype=jnp.bfloat16).mgpu_bwd == (jax.default_backend() == "gpu"
                                                                           and kernel_mgpu.supported())

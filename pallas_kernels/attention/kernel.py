@@ -19,7 +19,7 @@ rowsum(dO * O) of its rows) and then a dK/dV kernel (one per key block, looping 
 `BlockSizes.store_ds` (the default for the key-major pair, T > 128), the dK/dV kernel first (delta from XLA), storing
 dS, then a dQ = dS K kernel; or, where a program can hold all T keys (`BlockSizes.fused_bwd`, the default at
 T <= 128), one kernel per (b, n) that forms each query block's probabilities once for dV, dK and dQ together.
-At S = T = 128, H = 64 with 16-bit inputs on Hopper-or-newer GPUs that one kernel is `kernel_mgpu.py`'s (Mosaic GPU:
+At S = T = 128, H = 64 with bfloat16 inputs on Hopper-or-newer GPUs that one kernel is `kernel_mgpu.py`'s (Mosaic GPU:
 wgmma, TMA; `BlockSizes.mgpu_bwd`), the same contract.
 With `key_major` the tiles are (keys, queries), so dK and dV accumulate with the key block as the product's rows.
 
@@ -79,7 +79,7 @@ class BlockSizes:
     # from an XLA pass before the pair). Trades the dQ kernel's recompute for one write and one read of dS.
     store_ds: bool = False
     # The one-kernel backward in Mosaic GPU (`kernel_mgpu.py`: wgmma, TMA) instead of Triton's (needs `fused_bwd`;
-    # Hopper or newer, S = T = 128, H = 64, 16-bit floats). The default where it runs (session 18, kernels-h200.md).
+    # Hopper or newer, S = T = 128, H = 64, bfloat16). The default where it runs (session 18, kernels-h200.md).
     mgpu_bwd: bool = False
 
 
@@ -102,8 +102,9 @@ def default_block_sizes(s: int, h: int, t: int | None = None, dtype=None) -> Blo
     The key-major pair stores dS for a dQ = dS K kernel with 128x64 tiles (`store_ds`; session 12, B16 S512 p=0.1:
     dK/dV 153.6 -> 167.7 us, dQ 116.6 -> 50.1, plus a 5.1 us XLA delta: -48.7 us per call; row-major tiles store
     it slower). Wider heads (not tuned): row-major pair, the key tile halved and the warps doubled to keep the fp32
-    accumulators in registers. On Hopper-or-newer GPUs, at S = T = 128, H = 64 and a 16-bit `dtype`, the one-kernel
-    backward is the Mosaic GPU one (`mgpu_bwd`; session 18: B64 S128 backward 94.7 -> ~53 us at p = 0).
+    accumulators in registers. On Hopper-or-newer GPUs, at S = T = 128, H = 64 and bfloat16 `dtype`, the one-kernel
+    backward is the Mosaic GPU one (`mgpu_bwd`; session 18, B64 N16 S128: backward 94.3 -> 58.1 us at p = 0, 103.7 ->
+    70.5 at p = 0.1).
     """
     t = s if t is None else t
     wide = h > 64
