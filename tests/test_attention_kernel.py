@@ -16,7 +16,8 @@ from pallas_kernels.attention import (
     flash_attention_qkv,
     sharded_flash_attention_qkv,
 )
-from pallas_kernels.attention import kernel_mgpu
+from pallas_kernels._pallas import seed_words
+from pallas_kernels.attention import kernel, kernel_mgpu
 from pallas_kernels.attention.reference import attention_qkv
 from pallas_kernels.dropout import seed_from_key
 
@@ -138,6 +139,28 @@ def test_mgpu_backward_matches_reference(packed):
     else:
         q, k, v, g = _inputs(jax.random.key(24), 3, 128, 128, 2, 64, jnp.bfloat16)
         _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, block_sizes=_MGPU)
+
+
+@pytest.mark.skipif(not _has_mgpu_interpret(), reason="needs Mosaic GPU interpret mode on the CPU")
+def test_mgpu_backward_draws_a_shards_mask():
+    # A batch and head shard (batch_offset 2, head_offset 1 of 4 heads, as `sharded_flash_attention_qkv` passes them):
+    # the Mosaic GPU backward must regenerate the forward's mask of the unsharded tensor, so its gradients equal the
+    # Triton one-kernel backward's (which test_dropout_mask_identical_to_reference ties to the reference) on the same
+    # residuals, up to the two kernels' rounding. rate 0.5 makes a wrong mask visible.
+    qkv = jax.random.normal(jax.random.key(26), (2, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    do = jax.random.normal(jax.random.key(27), (2, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    code = kernel.mask_code(_mask([128, 50], 128))
+    seed = seed_words(seed_from_key(jax.random.key(28)), 2, 1)
+    kw = dict(rate=0.5, interpret=True, heads=4, packed=True)
+    o, lse = kernel.forward(qkv, qkv, qkv, code, seed, blocks=_MGPU, **kw)
+    got = kernel.backward(qkv, qkv, qkv, code, seed, o, lse, do, blocks=_MGPU, **kw)
+    want = kernel.backward(qkv, qkv, qkv, code, seed, o, lse, do, blocks=dataclasses.replace(_MGPU, mgpu_bwd=False),
+                           **kw)
+    for c in range(3):
+        assert _rel_err(got[:, :, c], want[:, :, c]) < 1e-2, (c, _rel_err(got[:, :, c], want[:, :, c]))
+    unsharded = seed_words(seed_from_key(jax.random.key(28)))  # another shard's mask: the gradients differ
+    other = kernel.backward(qkv, qkv, qkv, code, unsharded, o, lse, do, blocks=_MGPU, **kw)
+    assert _rel_err(other[:, :, 2], want[:, :, 2]) > 0.1
 
 
 def test_mgpu_backward_shape_errors():
