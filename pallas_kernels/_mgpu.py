@@ -71,6 +71,16 @@ def store(ref, value, *, interpret: bool):
         plgpu.store(ref, value, optimized=False)
 
 
+def interpret_available() -> bool:
+    """Whether `interpret=True` can run these kernels here: Mosaic GPU's interpret mode exists in this jax (private in
+    0.10/0.11) and the backend is the CPU."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: F401
+    except ImportError:
+        return False
+    return jax.default_backend() == "cpu"
+
+
 def interpret_params(interpret: bool):
     """`interpret=True` runs the kernel in Mosaic GPU's interpret mode (CPU; `InterpretGPUParams`, private in jax
     0.10/0.11); False compiles it for the GPU."""

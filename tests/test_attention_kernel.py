@@ -16,6 +16,7 @@ from pallas_kernels.attention import (
     flash_attention_qkv,
     sharded_flash_attention_qkv,
 )
+from pallas_kernels import _mgpu
 from pallas_kernels._pallas import seed_words
 from pallas_kernels.attention import kernel, kernel_mgpu
 from pallas_kernels.attention.reference import attention_qkv
@@ -115,18 +116,11 @@ def test_default_backward_kernels():
         flash_attention(q, k, v, jnp.ones((1, 96), bool), block_sizes=dataclasses.replace(_SMALL, fused_bwd=True))
 
 
-def _has_mgpu_interpret():
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: F401
-    except ImportError:
-        return False
-    return jax.default_backend() == "cpu"
-
-
 _MGPU = dataclasses.replace(default_block_sizes(128, 64), mgpu_bwd=True)
+_MGPU_INTERPRET = pytest.mark.skipif(not _mgpu.interpret_available(), reason="needs Mosaic GPU interpret mode on CPU")
 
 
-@pytest.mark.skipif(not _has_mgpu_interpret(), reason="needs Mosaic GPU interpret mode on the CPU")
+@_MGPU_INTERPRET
 @pytest.mark.parametrize("packed", [False, True])
 def test_mgpu_backward_matches_reference(packed):
     # The Mosaic GPU one-kernel backward (S = T = 128, H = 64, bf16) in Mosaic GPU's interpret mode: dropout, a length
@@ -141,7 +135,7 @@ def test_mgpu_backward_matches_reference(packed):
         _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, block_sizes=_MGPU)
 
 
-@pytest.mark.skipif(not _has_mgpu_interpret(), reason="needs Mosaic GPU interpret mode on the CPU")
+@_MGPU_INTERPRET
 def test_mgpu_backward_draws_a_shards_mask():
     # A batch and head shard (batch_offset 2, head_offset 1 of 4 heads, as `sharded_flash_attention_qkv` passes them):
     # the Mosaic GPU backward must regenerate the forward's mask of the unsharded tensor, so its gradients equal the

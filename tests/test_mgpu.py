@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import _mgpu
 from pallas_kernels import _pallas as pk
 from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as ln_mgpu
 from pallas_kernels.bias_dropout_residual_layernorm import reference as ln_ref
@@ -24,15 +25,7 @@ from pallas_kernels.dropout import seed_from_key
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 
 
-def _has_interpret():
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: F401
-    except ImportError:
-        return False
-    return jax.default_backend() == "cpu"
-
-
-interpret_only = pytest.mark.skipif(not _has_interpret(), reason="needs Mosaic GPU interpret mode on the CPU")
+interpret_only = pytest.mark.skipif(not _mgpu.interpret_available(), reason="needs Mosaic GPU interpret mode on CPU")
 needs_hopper = pytest.mark.skipif(not bg_mgpu.supported(), reason="needs a Hopper-or-newer GPU")
 
 

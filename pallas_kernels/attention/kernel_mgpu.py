@@ -87,6 +87,12 @@ def _iota_cols(interpret):
     return plgpu.broadcasted_iota(jnp.uint32, (_HALF, _HALF), 1, layout=plgpu.Layout.WGMMA)
 
 
+def _ones(dtype, interpret):
+    """A (64, 64) tile of ones in the WGMMA layout (the bias gradient's column sums multiply by it)."""
+    x = jnp.ones((_HALF, _HALF), dtype)
+    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+
+
 class _t:
     """wgmma's transposed view of a (rows, cols) SMEM tile: (cols, rows)."""
 
@@ -151,12 +157,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         refs = list(refs)
         (qkv_scratch, p_s, ds_s, out_s, ones_s, lse_s, code_s, first_s, seed_s, bias_s, sum_s), bars, sync \
             = refs.pop()
-        if packed:
-            qkv_ref = refs.pop(0)
-            q_ref = k_ref = v_ref = None
-        else:
-            q_ref, k_ref, v_ref = refs[:3]
-            refs = refs[3:]
+        in_refs = [refs.pop(0) for _ in range(1 if packed else 3)]  # the packed qkv, or q, k, v
         code_ref, o_ref, do_ref, lse_ref = refs[:4]
         refs = refs[4:]
         first_ref, seed_ref = (refs.pop(0), refs.pop(0)) if drop else (None, None)
@@ -168,14 +169,11 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         rows = pl.ds(w * _HALF, _HALF)
         q_s, k_s, v_s, do_s, o_s = (qkv_scratch.at[i] for i in range(5))
 
-        def src(c, ref):  # GMEM (64, H) rows of this warpgroup's half: q (c = 0), k (1), v (2)
-            return qkv_ref.at[bi, rows, c, ni] if packed else ref.at[bi, rows, ni]
-
-        def dst(c, ref):  # GMEM (64, H) rows of the gradient of q (c = 0), k (1), v (2)
-            return out_refs[0].at[bi, rows, c, ni] if packed else out_refs[c].at[bi, rows, ni]
+        def half(refs_, c):  # GMEM (64, H) rows of this warpgroup's half of q (c = 0), k (1), v (2) or their gradients
+            return refs_[0].at[bi, rows, c, ni] if packed else refs_[c].at[bi, rows, ni]
 
         # Each warpgroup loads its half of every per-head input; both wait for both halves.
-        loads = [(src(0, q_ref), q_s.at[rows]), (src(1, k_ref), k_s.at[rows]), (src(2, v_ref), v_s.at[rows]),
+        loads = [(half(in_refs, 0), q_s.at[rows]), (half(in_refs, 1), k_s.at[rows]), (half(in_refs, 2), v_s.at[rows]),
                  (do_ref.at[bi, rows, ni], do_s.at[rows]), (o_ref.at[bi, rows, ni], o_s.at[rows]),
                  (lse_ref.at[bi, ni, rows], lse_s.at[rows]), (code_ref.at[bi, rows], code_s.at[rows])]
         if drop:
@@ -234,7 +232,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         (dq,) = _products(interpret, [(ds16[0], k_s.at[keys[0]]), (ds16[1], k_s.at[keys[1]])])
         out_s.at[0, rows][...] = (dq * scale).astype(dtype)
         sync_warpgroups()  # P and dS of both query halves are in SMEM (and this dQ tile)
-        plgpu.copy_smem_to_gmem(out_s.at[0, rows], dst(0, None))
+        plgpu.copy_smem_to_gmem(out_s.at[0, rows], half(out_refs, 0))
 
         # keys [64w, 64w + 64): dV = P^T dO and dK = dS^T Q over all 128 queries
         dv, dk = _products(interpret, [(_t(p_s.at[w]), do_s)],
@@ -242,8 +240,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         out_s.at[1, rows][...] = (dk * scale).astype(dtype)
         out_s.at[2, rows][...] = dv.astype(dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_s.at[1, rows], dst(1, None))
-        plgpu.copy_smem_to_gmem(out_s.at[2, rows], dst(2, None))
+        plgpu.copy_smem_to_gmem(out_s.at[1, rows], half(out_refs, 1))
+        plgpu.copy_smem_to_gmem(out_s.at[2, rows], half(out_refs, 2))
         if bias_grad:  # column sums of the tiles as stored: (tile^T @ ones)[h, :] = sum over rows of column h
             sums = _products(interpret, *[[(_t(out_s.at[c, rows]), ones_s)] for c in range(3)])
             for c, x in enumerate(sums):
@@ -252,10 +250,9 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
             plgpu.copy_smem_to_gmem(sum_s.at[w], sums_ref.at[bi, w, :, ni])
         plgpu.wait_smem_to_gmem(0)
 
-    grads = [jax.ShapeDtypeStruct(q.shape, dtype)] if packed else [
-        jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    out_types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ((q,) if packed else (q, k, v))]
     if bias_grad:
-        grads.append(jax.ShapeDtypeStruct((b, 2, 3, n, h), jnp.float32))
+        out_types.append(jax.ShapeDtypeStruct((b, 2, 3, n, h), jnp.float32))
     n_loads = 7 + 2 * drop + with_bias
 
     def entry(*refs):
@@ -277,7 +274,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
                       collective_axes="wg")
 
     inputs = ([q] if packed else [q, k, v]) + [code, o, do, lse] + extras
-    out = plgpu.kernel(entry, out_type=tuple(grads), grid=(b, n), grid_names=("b", "n"), num_threads=2,
+    out = plgpu.kernel(entry, out_type=tuple(out_types), grid=(b, n), grid_names=("b", "n"), num_threads=2,
                        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
                        interpret=_mgpu.interpret_params(interpret))(*inputs)
     out = list(out)
@@ -286,8 +283,3 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         dbias = jnp.sum(sums, axis=(0, 1))  # (B, 2, 3, N, H) -> (3, N, H)
     grads = out[0] if packed else tuple(out)
     return (grads, dbias) if bias_grad else grads
-
-
-def _ones(dtype, interpret):
-    x = jnp.ones((_HALF, _HALF), dtype)
-    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA)
