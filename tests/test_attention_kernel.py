@@ -157,6 +157,28 @@ def test_mgpu_backward_draws_a_shards_mask():
     assert _rel_err(other[:, :, 2], want[:, :, 2]) > 0.1
 
 
+@_MGPU_INTERPRET
+def test_mgpu_backward_persistent_grid():
+    # The kernel is persistent: each CTA loops over heads pid, pid + G, ..., loading the next head into the other
+    # buffer while it computes this one. One program taking all 4 heads (buffers reused, barriers in their second
+    # phase) must give the same gradients, bit for bit, as the default grid (3 programs here: 2, 1, 1 heads).
+    qkv = jax.random.normal(jax.random.key(29), (2, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    do = jax.random.normal(jax.random.key(30), (2, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    code = kernel.mask_code(_mask([128, 70], 128))
+    seed = seed_words(seed_from_key(jax.random.key(31)))
+    bias = _packed_bias(qkv)
+    o, lse = kernel.forward(qkv, qkv, qkv, code, seed, rate=0.1, interpret=True, packed=True, bias=bias,
+                            blocks=_MGPU)
+    kw = dict(rate=0.1, interpret=True, packed=True, bias=bias, bias_grad=True)
+    (g3, db3), (g1, db1) = (kernel_mgpu.backward(qkv, qkv, qkv, code, seed, o, lse, do, programs=p, **kw)
+                            for p in (None, 1))
+    np.testing.assert_array_equal(np.asarray(g1, np.float32), np.asarray(g3, np.float32))
+    np.testing.assert_array_equal(np.asarray(db1), np.asarray(db3))
+    assert float(jnp.abs(g1.astype(jnp.float32)).max()) > 0
+    with pytest.raises(ValueError, match="programs=5 must be in"):
+        kernel_mgpu.backward(qkv, qkv, qkv, code, seed, o, lse, do, programs=5, **kw)
+
+
 def test_mgpu_backward_shape_errors():
     q, k, v, _ = _inputs(jax.random.key(25), 1, 64, 64, 1, 64, jnp.bfloat16)
     with pytest.raises(ValueError, match="S = T = 128, H = 64.*got S=64, T=64, H=64"):
@@ -360,6 +382,22 @@ def test_packed_compiled_matches_reference_on_gpu(s, variant, rate, with_bias):
     g = jax.random.normal(jax.random.key(11), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
     _check_packed(qkv, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, interpret=False,
                   block_sizes=_gpu_blocks(s, variant), bias=_packed_bias(qkv) if with_bias else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_mgpu_backward_loops_over_heads_on_gpu(packed):
+    # More heads (B*N = 320) than SMs (132 on an H100/H200): each persistent CTA of the Mosaic GPU backward takes 2-3
+    # heads, loading the next one while it computes (the _GPU_CASES shapes have 64 heads, one per CTA).
+    blocks = _gpu_blocks(128, {"mgpu_bwd": True})
+    mask = _mask([128, 111, 64, 5] * 5, 128)
+    if packed:
+        qkv = jax.random.normal(jax.random.key(32), (20, 128, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
+        g = jax.random.normal(jax.random.key(33), (20, 128, 16, 64), jnp.float32).astype(jnp.bfloat16)
+        _check_packed(qkv, mask, g, rate=0.1, interpret=False, block_sizes=blocks, bias=_packed_bias(qkv))
+    else:
+        q, k, v, g = _inputs(jax.random.key(34), 20, 128, 128, 16, 64, jnp.bfloat16)
+        _check(q, k, v, mask, g, rate=0.1, exact_reference=True, interpret=False, block_sizes=blocks)
 
 
 @pytest.mark.gpu

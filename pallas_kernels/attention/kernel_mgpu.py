@@ -126,10 +126,34 @@ def _products(interpret, *accs):
 # ---------------------------------------------------------------------------------------------------- kernel
 
 
+def programs_for(heads_total: int, interpret: bool) -> int:
+    """CTAs of the persistent grid: one per SM (each loops over heads pid, pid + G, ...), never more than the heads.
+    Interpret mode takes 3, so that the CPU tests meet programs with unequal numbers of heads."""
+    if interpret:
+        return min(heads_total, 3)
+    try:
+        sms = int(jax.devices()[0].core_count)
+    except Exception:  # no core count on this device: an H100/H200's
+        sms = 132
+    return max(1, min(heads_total, sms))
+
+
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, heads: int | None = None,
-             packed: bool = False, bias=None, bias_grad: bool = False):
+             packed: bool = False, bias=None, bias_grad: bool = False, programs: int | None = None):
     """As `kernel.backward` (the one-kernel form): (dq, dk, dv), or with `packed` the packed dQKV (B, S, 3, N, H);
-    with `bias_grad` also dbias (3, N, H) fp32. `seed` is the uint32[4] seed words or None (no dropout)."""
+    with `bias_grad` also dbias (3, N, H) fp32. `seed` is the uint32[4] seed words or None (no dropout).
+    `programs`: CTAs of the persistent grid (default `programs_for`).
+
+    Every call goes through one `jax.jit` (`_backward_jit`): jax lowers a jitted function once per shapes and static
+    arguments and XLA inlines the calls, so all call sites (the layers of a model) share one Mosaic GPU module and its
+    hash, the key of the compiled-kernel cache, and the kernel compiles once per program. Called bare, each call site
+    lowers its own module, which jax 0.11 stamps with a per-process counter (the `mosaic_gpu.dump_basename` attribute),
+    so the hashes differ and each layer compiled the kernel again (~2.8 s per layer in session 18)."""
+    return _backward_jit(q, k, v, code, seed, o, lse, do, bias, rate=float(rate), interpret=interpret, heads=heads,
+                         packed=packed, bias_grad=bias_grad, programs=programs)
+
+
+def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, packed, bias_grad, programs):
     if packed:
         b, s, _, n, h = q.shape
         t = s
@@ -142,139 +166,168 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
     scale = h ** -0.5
     drop = seed is not None and rate > 0.0
     with_bias = bias is not None
+    n_heads = b * n
+    grid = programs_for(n_heads, interpret) if programs is None else programs
+    if not 1 <= grid <= n_heads:
+        raise ValueError(f"programs={grid} must be in [1, B*N={n_heads}]")
     extras = []
     if drop:
         u32 = jnp.uint32
-        head_row = ((jnp.arange(b, dtype=u32)[:, None] + seed[2]) * u32(heads) + jnp.arange(n, dtype=u32)[None, :]
-                    + seed[3]) * u32(s)  # (B, N): the (b, n) head's first row of the BNST index, as kernel.py
-        first = (head_row[:, :, None] + jnp.arange(s, dtype=u32)[None, None, :]) * u32(t)  # (B, N, S), wrapping
-        extras += [first, jnp.broadcast_to(seed[:2, None], (2, _HALF))]
+        # Row s of the (b, n) head starts at dropout index (((b + seed[2]) * heads + n + seed[3]) * S + s) * T (as
+        # kernel.py): the kernel adds (b * heads + n) * S * T to rowbase[s] = ((seed[2] * heads + seed[3]) * S + s) * T.
+        rowbase = ((seed[2] * u32(heads) + seed[3]) * u32(s) + jnp.arange(s, dtype=u32)) * u32(t)
+        words = jnp.stack([jnp.broadcast_to(seed[0], (s,)), jnp.broadcast_to(seed[1], (s,)), rowbase])  # (3, S)
+        extras.append(words.reshape(3, 2, _HALF).transpose(1, 0, 2))  # (warpgroup half, word, 64)
     if with_bias:
         extras.append(bias.astype(dtype))
     tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    n_loads = 7 + with_bias  # per head and warpgroup: q, k, v, dO, O halves, lse, mask code (+ a bias vector)
 
     def body(*refs):
         refs = list(refs)
-        (qkv_scratch, p_s, ds_s, out_s, ones_s, lse_s, code_s, first_s, seed_s, bias_s, sum_s), bars, sync \
-            = refs.pop()
+        (buf, pds, ones_s, lse_s, code_s, words_s, bias_s, sum_s), bars, words_bar, sync = refs.pop()
         in_refs = [refs.pop(0) for _ in range(1 if packed else 3)]  # the packed qkv, or q, k, v
         code_ref, o_ref, do_ref, lse_ref = refs[:4]
         refs = refs[4:]
-        first_ref, seed_ref = (refs.pop(0), refs.pop(0)) if drop else (None, None)
+        words_ref = refs.pop(0) if drop else None
         bias_ref = refs.pop(0) if with_bias else None
         out_refs = refs  # dqkv or (dq, dk, dv), then the bias-gradient sums
         sums_ref = out_refs.pop() if bias_grad else None
 
-        bi, ni, w = lax.axis_index("b"), lax.axis_index("n"), lax.axis_index("wg")
+        pid, w = lax.axis_index("p"), lax.axis_index("wg")
         rows = pl.ds(w * _HALF, _HALF)
-        q_s, k_s, v_s, do_s, o_s = (qkv_scratch.at[i] for i in range(5))
+        mine = (n_heads - 1 - pid) // grid + 1  # heads pid, pid + grid, ... < B * N
 
-        def half(refs_, c):  # GMEM (64, H) rows of this warpgroup's half of q (c = 0), k (1), v (2) or their gradients
+        def head(i):  # (b, n) of this program's i-th head
+            x = pid + i * grid
+            return x // n, x % n
+
+        def half(refs_, c, bi, ni):  # GMEM (64, H) rows of this warpgroup's half of q (c = 0), k (1), v (2), or grads
             return refs_[0].at[bi, rows, c, ni] if packed else refs_[c].at[bi, rows, ni]
 
-        # Each warpgroup loads its half of every per-head input; both wait for both halves.
-        loads = [(half(in_refs, 0), q_s.at[rows]), (half(in_refs, 1), k_s.at[rows]), (half(in_refs, 2), v_s.at[rows]),
-                 (do_ref.at[bi, rows, ni], do_s.at[rows]), (o_ref.at[bi, rows, ni], o_s.at[rows]),
-                 (lse_ref.at[bi, ni, rows], lse_s.at[rows]), (code_ref.at[bi, rows], code_s.at[rows])]
-        if drop:
-            loads += [(first_ref.at[bi, ni, rows], first_s.at[rows]), (seed_ref.at[w], seed_s.at[w])]
-        if with_bias:  # warpgroup 0 brings q's bias (C = 0), warpgroup 1 v's (C = 2)
-            loads.append((bias_ref.at[2 * w, ni], bias_s.at[w]))
-        for i, (g, sm) in enumerate(loads):
-            plgpu.copy_gmem_to_smem(g, sm, bars.at[2 * i + w])
-        for i in range(2 * len(loads)):
-            plgpu.barrier_wait(bars.at[i])
+        def issue_loads(i, slot):
+            """This warpgroup's halves of head i's inputs into buffer `slot` (each on its own barrier)."""
+            bi, ni = head(i)
+            tiles = buf.at[slot]
+            loads = [(half(in_refs, c, bi, ni), tiles.at[c, rows]) for c in range(3)]
+            loads += [(do_ref.at[bi, rows, ni], tiles.at[3, rows]), (o_ref.at[bi, rows, ni], tiles.at[4, rows]),
+                      (lse_ref.at[bi, ni, rows], lse_s.at[slot, rows]), (code_ref.at[bi, rows], code_s.at[slot, rows])]
+            if with_bias:  # warpgroup 0 brings q's bias (C = 0), warpgroup 1 v's (C = 2)
+                loads.append((bias_ref.at[2 * w, ni], bias_s.at[slot, w]))
+            for j, (g, sm) in enumerate(loads):
+                plgpu.copy_gmem_to_smem(g, sm, bars.at[(slot * n_loads + j) * 2 + w])
 
         def sync_warpgroups():
             plgpu.commit_smem()  # this warpgroup's SMEM writes, visible to the other's wgmma (async proxy)
             plgpu.barrier_arrive(sync)
             plgpu.barrier_wait(sync)
 
-        if with_bias:  # q + bq and v + bv in place, each rounded to the inputs' dtype, as XLA's add
-            for tile, c in ((q_s, 0), (v_s, 1)):
-                x = _load(tile.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
-                tile.at[rows][...] = (x + _per_col(bias_s.at[c], interpret).astype(jnp.float32)).astype(dtype)
+        issue_loads(0, 0)
+        if drop:  # the seed words and row bases, once per program (this warpgroup's rows)
+            plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
+            plgpu.barrier_wait(words_bar.at[w])
+            seeds = (_per_row(words_s.at[w, 0], interpret), _per_row(words_s.at[w, 1], interpret))
+            cols = _iota_cols(interpret)
         if bias_grad:
-            ones_s[...] = _ones(dtype, interpret)
-        if with_bias or bias_grad:
+            ones_s[...] = _ones(dtype, interpret)  # made visible by the first head's syncs
+        keys = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
+
+        def step(i, carry):
+            slot = i % 2
+            bi, ni = head(i)
+            q_s, k_s, v_s, do_s, o_s = (buf.at[slot, c] for c in range(5))
+            # Head i - 1 is done in both warpgroups and its stores have read their SMEM: its buffer takes head i + 1.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             sync_warpgroups()
 
-        lse = _per_row(lse_s.at[rows], interpret)
-        dot_o = (_load(o_s.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
-                 * _load(do_s.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32))
-        delta = lax.broadcast_in_dim(jnp.sum(dot_o, axis=1), (_HALF, _HALF), [0])  # rowsum(dO * O) per query
-        keys = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
-        # scores and dP of this warpgroup's queries, one 64 x 64 tile per key half
-        s0, s1, dp0, dp1 = _products(
-            interpret,
-            [(q_s.at[rows], _t(k_s.at[keys[0]]))], [(q_s.at[rows], _t(k_s.at[keys[1]]))],
-            [(do_s.at[rows], _t(v_s.at[keys[0]]))], [(do_s.at[rows], _t(v_s.at[keys[1]]))])
-        if drop:
-            first = _per_row(first_s.at[rows], interpret)
-            seeds = (_per_row(seed_s.at[0], interpret), _per_row(seed_s.at[1], interpret))
-            cols = _iota_cols(interpret)
-        ds16 = []
-        for kh, (sc, dp) in enumerate(((s0, dp0), (s1, dp1))):
-            code = _per_col(code_s.at[keys[kh]], interpret)
-            real = code > 0
-            p = jnp.exp2(jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0)) - lse)
-            pd = p
-            if drop:
-                keep = keep_mask_lanes(seeds, first, cols + jnp.uint32(kh * _HALF), rate)
-                inv_keep = 1.0 / (1.0 - rate)
-                pd = jnp.where(keep, p * inv_keep, 0.0)
-                dp = jnp.where(keep, dp * inv_keep, 0.0)
-            ds = jnp.where(real, p * (dp - delta), 0.0).astype(dtype)
-            p_s.at[kh, rows][...] = pd.astype(dtype)
-            ds_s.at[kh, rows][...] = ds
-            ds16.append(ds)
+            @pl.when(i + 1 < mine)
+            def _():
+                issue_loads(i + 1, 1 - slot)
 
-        (dq,) = _products(interpret, [(ds16[0], k_s.at[keys[0]]), (ds16[1], k_s.at[keys[1]])])
-        out_s.at[0, rows][...] = (dq * scale).astype(dtype)
-        sync_warpgroups()  # P and dS of both query halves are in SMEM (and this dQ tile)
-        plgpu.copy_smem_to_gmem(out_s.at[0, rows], half(out_refs, 0))
+            for j in range(2 * n_loads):
+                plgpu.barrier_wait(bars.at[slot * 2 * n_loads + j])
 
-        # keys [64w, 64w + 64): dV = P^T dO and dK = dS^T Q over all 128 queries
-        dv, dk = _products(interpret, [(_t(p_s.at[w]), do_s)],
-                           [(_t(ds_s.at[w]), q_s)])
-        out_s.at[1, rows][...] = (dk * scale).astype(dtype)
-        out_s.at[2, rows][...] = dv.astype(dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_s.at[1, rows], half(out_refs, 1))
-        plgpu.copy_smem_to_gmem(out_s.at[2, rows], half(out_refs, 2))
-        if bias_grad:  # column sums of the tiles as stored: (tile^T @ ones)[h, :] = sum over rows of column h
-            sums = _products(interpret, *[[(_t(out_s.at[c, rows]), ones_s)] for c in range(3)])
-            for c, x in enumerate(sums):
-                sum_s.at[w, c][...] = jnp.max(x, axis=1)
+            if with_bias:  # q + bq and v + bv in place, each rounded to the inputs' dtype, as XLA's add
+                for tile, c in ((q_s, 0), (v_s, 1)):
+                    x = _load(tile.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
+                    bc = _per_col(bias_s.at[slot, c], interpret).astype(jnp.float32)
+                    tile.at[rows][...] = (x + bc).astype(dtype)
+                sync_warpgroups()
+
+            # ---- queries [64w, 64w + 64): S, dP, P, the mask, dS and dQ
+            lse = _per_row(lse_s.at[slot, rows], interpret)
+            dot_o = (_load(o_s.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
+                     * _load(do_s.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32))
+            delta = lax.broadcast_in_dim(jnp.sum(dot_o, axis=1), (_HALF, _HALF), [0])  # rowsum(dO * O) per query
+            s0, s1, dp0, dp1 = _products(
+                interpret,
+                [(q_s.at[rows], _t(k_s.at[keys[0]]))], [(q_s.at[rows], _t(k_s.at[keys[1]]))],
+                [(do_s.at[rows], _t(v_s.at[keys[0]]))], [(do_s.at[rows], _t(v_s.at[keys[1]]))])
+            if drop:  # the first dropout index of each query row of head (bi, ni)
+                first = _per_row(words_s.at[w, 2], interpret) + ((bi * heads + ni).astype(jnp.uint32)
+                                                                * jnp.uint32(_SEQ * _SEQ))
+            ds16 = []
+            for kh, (sc, dp) in enumerate(((s0, dp0), (s1, dp1))):
+                code = _per_col(code_s.at[slot, keys[kh]], interpret)
+                real = code > 0
+                p = jnp.exp2(jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0)) - lse)
+                pd = p
+                if drop:  # the key half's offset goes to the row's first index, so a pair's two lanes hash alike
+                    keep = keep_mask_lanes(seeds, first + jnp.uint32(kh * _HALF), cols, rate)
+                    inv_keep = 1.0 / (1.0 - rate)
+                    pd = jnp.where(keep, p * inv_keep, 0.0)
+                    dp = jnp.where(keep, dp * inv_keep, 0.0)
+                ds16.append(jnp.where(real, p * (dp - delta), 0.0).astype(dtype))
+                pds.at[kh, rows][...] = pd.astype(dtype)  # P (dropped), (key half, query, key)
+
+            (dq,) = _products(interpret, [(ds16[0], k_s.at[keys[0]]), (ds16[1], k_s.at[keys[1]])])
+            o_s.at[rows][...] = (dq * scale).astype(dtype)  # staged in the consumed O rows
+            sync_warpgroups()  # P of both query halves in SMEM; K, V, O read by both warpgroups for the last time
+            plgpu.copy_smem_to_gmem(o_s.at[rows], half(out_refs, 0, bi, ni))
+
+            # ---- keys [64w, 64w + 64): dV = P^T dO, then dS through the same buffer, dK = dS^T Q
+            (dv,) = _products(interpret, [(_t(pds.at[w]), do_s)])
+            v_s.at[rows][...] = dv.astype(dtype)  # staged in the consumed V rows
+            sync_warpgroups()  # both warpgroups' dV products have read P
+            for kh in (0, 1):
+                pds.at[kh, rows][...] = ds16[kh]
+            sync_warpgroups()
+            (dk,) = _products(interpret, [(_t(pds.at[w]), q_s)])
+            k_s.at[rows][...] = (dk * scale).astype(dtype)  # staged in the consumed K rows
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(sum_s.at[w], sums_ref.at[bi, w, :, ni])
+            plgpu.copy_smem_to_gmem(k_s.at[rows], half(out_refs, 1, bi, ni))
+            plgpu.copy_smem_to_gmem(v_s.at[rows], half(out_refs, 2, bi, ni))
+            if bias_grad:  # column sums of the tiles as stored: (tile^T @ ones)[h, :] = sum over rows of column h
+                sums = _products(interpret, *[[(_t(x.at[rows]), ones_s)] for x in (o_s, k_s, v_s)])
+                for c, x in enumerate(sums):
+                    sum_s.at[w, c][...] = jnp.max(x, axis=1)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(sum_s.at[w], sums_ref.at[bi, w, :, ni])
+            return carry
+
+        lax.fori_loop(0, mine, step, None)
         plgpu.wait_smem_to_gmem(0)
 
     out_types = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ((q,) if packed else (q, k, v))]
     if bias_grad:
         out_types.append(jax.ShapeDtypeStruct((b, 2, 3, n, h), jnp.float32))
-    n_loads = 7 + 2 * drop + with_bias
 
     def entry(*refs):
-        tile = (_SEQ, h)
         scratch = (
-            plgpu.SMEM((5, *tile), dtype, transforms=tr),  # q, k, v, dO, O
-            plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=tr),  # P (dropped) by key half
-            plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=tr),  # dS by key half
-            plgpu.SMEM((3, *tile), dtype, transforms=tr),  # dQ, dK, dV as stored
+            plgpu.SMEM((2, 5, _SEQ, h), dtype, transforms=tr),  # two heads' q, k, v, dO, O (outputs staged in O, K, V)
+            plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=tr),  # P (dropped), then dS, by key half
             plgpu.SMEM((_HALF, _HALF), dtype, transforms=tr),  # ones, for the bias gradient's column sums
-            plgpu.SMEM((_SEQ,), jnp.float32),  # lse
-            plgpu.SMEM((_SEQ,), jnp.int32), plgpu.SMEM((_SEQ,), jnp.uint32),  # mask code, dropout first index
-            plgpu.SMEM((2, _HALF), jnp.uint32),  # the two seed words, each broadcast over 64 entries
-            plgpu.SMEM((2, h), dtype),  # q's and v's bias
+            plgpu.SMEM((2, _SEQ), jnp.float32), plgpu.SMEM((2, _SEQ), jnp.int32),  # lse, mask code (two heads)
+            plgpu.SMEM((2, 3, _HALF), jnp.uint32),  # per warpgroup: seed words, each over 64 entries; row bases
+            plgpu.SMEM((2, 2, h), dtype),  # two heads' q and v biases
             plgpu.SMEM((2, 3, h), jnp.float32),  # bias-gradient partial sums of each warpgroup
         )
         pl.run_scoped(lambda *scoped: body(*refs, scoped), scratch,
-                      plgpu.Barrier(num_barriers=2 * n_loads), plgpu.Barrier(num_arrivals=2),
-                      collective_axes="wg")
+                      plgpu.Barrier(num_barriers=4 * n_loads), plgpu.Barrier(num_barriers=2),
+                      plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
     inputs = ([q] if packed else [q, k, v]) + [code, o, do, lse] + extras
-    out = plgpu.kernel(entry, out_type=tuple(out_types), grid=(b, n), grid_names=("b", "n"), num_threads=2,
+    out = plgpu.kernel(entry, out_type=tuple(out_types), grid=(grid,), grid_names=("p",), num_threads=2,
                        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
                        interpret=_mgpu.interpret_params(interpret))(*inputs)
     out = list(out)
@@ -283,3 +336,6 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
         dbias = jnp.sum(sums, axis=(0, 1))  # (B, 2, 3, N, H) -> (3, N, H)
     grads = out[0] if packed else tuple(out)
     return (grads, dbias) if bias_grad else grads
+
+
+_backward_jit = jax.jit(_backward, static_argnames=("rate", "interpret", "heads", "packed", "bias_grad", "programs"))
