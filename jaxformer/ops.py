@@ -28,7 +28,8 @@ written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epi
 (`TrainConfig.xla_gemm="cublas"`, which `"auto"` means on one device; benchmarks/results/train-h200.md, sessions
 15-16).
 (***) At S = T = 128, H = 64 with bfloat16 inputs on Hopper-or-newer GPUs the backward is attention/kernel_mgpu.py
-(Mosaic GPU, `BlockSizes.mgpu_bwd`; measured faster on the H200 and H100, session 18); elsewhere all Triton.
+(Mosaic GPU, `BlockSizes.mgpu_bwd`, persistent over the heads since session 19; measured faster on the H200 and
+H100, session 18, and again on the H200, session 19); elsewhere all Triton.
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
