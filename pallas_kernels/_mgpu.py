@@ -6,6 +6,7 @@ stand-in), WG_STRIDED layouts and the shape checks that send other shapes back t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import jax
@@ -69,6 +70,14 @@ def store(ref, value, *, interpret: bool):
         ref[...] = value
     else:
         plgpu.store(ref, value, optimized=False)
+
+
+def one_module(fn, static_argnames: tuple[str, ...]):
+    """`fn` (a kernel's Python entry) behind one module-level `jax.jit`, so that every call site with the same shapes
+    and static arguments shares one lowered Mosaic GPU module, one hash and so one compile per program. jax 0.11's
+    Pallas lowering stamps each lowering with a per-process counter (`mosaic_gpu.dump_basename`), so bare calls give
+    each call site its own hash and its own compile (the attention backward: ~2.8 s per BERT layer, session 19)."""
+    return functools.wraps(fn)(jax.jit(fn, static_argnames=static_argnames))
 
 
 def interpret_available() -> bool:

@@ -161,7 +161,8 @@ def test_mgpu_lowers_for_cuda(op):
     """The compiled (not interpreted) kernels lower to Mosaic GPU modules for CUDA on BERT shapes: layouts, TMA
     boxes and the SMEM budget are checked here even without a GPU (PTX compilation and the run are not). This runs
     all of Mosaic GPU's Python passes; under jax 0.11 it reproduced the GPU's compile errors (Warpgroup-semantics
-    layout inference) before `kernel_call` pinned Lane semantics."""
+    layout inference) before `kernel_call` pinned Lane semantics. Two call sites lower to one Mosaic GPU custom call
+    (`_mgpu.one_module`), so a model's layers share one compiled kernel."""
     words = pk.seed_words(jnp.array([1, 2], jnp.uint32))
     if op.startswith("bias_gelu"):
         x, v = jnp.zeros((8192, 4096), jnp.bfloat16), jnp.zeros((4096,))
@@ -176,8 +177,8 @@ def test_mgpu_lowers_for_cuda(op):
                     (functools.partial(ln_mgpu.backward, **kw), (x, v, x, v, words, st, st, x)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    assert "mosaic_gpu" in lowered.as_text()
+        lowered = jax.jit(lambda *a: (fn(*a), fn(*a))).trace(*args).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("stablehlo.custom_call @mosaic_gpu") == 1
     # jax >= 0.11 deprecates plgpu.load's separate index argument (`_mgpu.load` avoids it there).
     assert not [w for w in caught if "index separately" in str(w.message)]
 

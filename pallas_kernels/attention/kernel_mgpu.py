@@ -359,7 +359,7 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
     return (grads, dbias) if bias_grad else grads
 
 
-_backward_jit = jax.jit(_backward, static_argnames=("rate", "interpret", "heads", "packed", "bias_grad", "programs"))
+_backward_jit = _mgpu.one_module(_backward, ("rate", "interpret", "heads", "packed", "bias_grad", "programs"))
 
 
 # ---------------------------------------------------------------------------------------------------- forward
@@ -503,4 +503,4 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
                         interpret=_mgpu.interpret_params(interpret))(*inputs)
 
 
-_forward_jit = jax.jit(_forward, static_argnames=("rate", "interpret", "heads", "packed", "programs"))
+_forward_jit = _mgpu.one_module(_forward, ("rate", "interpret", "heads", "packed", "programs"))

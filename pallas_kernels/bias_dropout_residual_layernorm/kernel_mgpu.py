@@ -146,7 +146,7 @@ def _seeds(seed_gmem, rate):
     return (seed_gmem[0], seed_gmem[1], seed_gmem[2]) if rate else None
 
 
-def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret, blocks: Blocks):
+def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret, blocks: Blocks):
     """x, residual: (R, D); bias, scale, shift: (D,); seed_words uint32[4]. Returns y, mean (R,), rstd (R,)."""
     rows, width = x.shape
     br = blocks.block_rows
@@ -193,7 +193,7 @@ def forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret
     return y.reshape(rows, width), mean, rstd
 
 
-def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, interpret, blocks: Blocks):
+def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, interpret, blocks: Blocks):
     """Returns dx (R, D), d_residual (R, D) or None, and partial sums (G, D) of d_scale, d_shift, d_bias (or None)."""
     rows, width = x.shape
     br = blocks.bwd_block_rows
@@ -282,3 +282,7 @@ def backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, inte
     dscale, dshift = res.pop(0), res.pop(0)
     dbias = res.pop(0) if has_bias else None
     return dx, dres, dscale, dshift, dbias
+
+
+forward = _mgpu.one_module(_forward, ("rate", "eps", "interpret", "blocks"))
+backward = _mgpu.one_module(_backward, ("rate", "interpret", "blocks"))

@@ -69,7 +69,7 @@ def _gelu(h):
     return h * (0.5 * (1.0 + erf_f32(h * _SQRT_HALF)))
 
 
-def forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
+def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     """x (R, F), bias (F,), seed_words uint32[4] = [seed0, seed1, row_offset, head_offset] -> y (R, F) in x.dtype."""
     rows, width = x.shape
     br = blocks.block_rows
@@ -103,7 +103,7 @@ def forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     return y.reshape(rows, width)
 
 
-def backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
+def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
     """Returns dx (R, F) in x.dtype and the bias gradient's partial sums (programs, F), float32."""
     rows, width = x.shape
     br = blocks.bwd_block_rows
@@ -158,3 +158,6 @@ def backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
         x.reshape(-1, LANES), bias.astype(jnp.float32), seed_words, dy.reshape(-1, LANES))
     return dx.reshape(rows, width), db
 
+
+forward = _mgpu.one_module(_forward, ("rate", "interpret", "blocks"))
+backward = _mgpu.one_module(_backward, ("rate", "interpret", "blocks"))
