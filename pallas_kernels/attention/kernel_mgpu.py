@@ -162,7 +162,7 @@ def programs_for(heads_total: int, interpret: bool) -> int:
     if interpret:
         return min(heads_total, 3)
     try:
-        sms = int(jax.devices()[0].core_count)
+        sms = int(jax.local_devices()[0].core_count)  # this process's GPUs (a multi-host mesh has others too)
     except Exception:  # no core count on this device: an H100/H200's
         sms = 132
     return max(1, min(heads_total, sms))
