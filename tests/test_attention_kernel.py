@@ -212,7 +212,10 @@ def test_mgpu_forward_matches_triton_forward(packed):
     else:
         args = _inputs(jax.random.key(36), 3, 128, 128, 2, 64, jnp.bfloat16)[:3]
         kw = {}
-    code, seed = kernel.mask_code(mask), seed_words(seed_from_key(jax.random.key(37)))
+    # packed: a batch-and-head shard's mask (batch_offset 2, head_offset 1 of 4 heads), as in the backward's test
+    code = kernel.mask_code(mask)
+    seed = seed_words(seed_from_key(jax.random.key(37)), *((2, 1) if packed else ()))
+    kw.update(heads=4 if packed else None)
     got = kernel.forward(*args, code, seed, rate=0.1, interpret=True, blocks=blocks, **kw)
     want = kernel.forward(*args, code, seed, rate=0.1, interpret=True, blocks=_MGPU, **kw)
     assert _rel_err(got[0], want[0]) < 1e-2, _rel_err(got[0], want[0])
