@@ -22,6 +22,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "session18"))
 from ab_mgpu import op_cases  # noqa: E402  (session 18's cases: packed+bias and q/k/v, p = 0.1 and 0)
 
+from pallas_kernels._mgpu import one_module  # noqa: E402
 from pallas_kernels.attention import kernel as fk  # noqa: E402
 
 NEW = fk.kernel_mgpu.backward
@@ -38,7 +39,7 @@ def _old_module():
 
 # Session 18's kernel behind one jit as well, as the new one is (`kernel_mgpu.backward`), so that both compile once per
 # timed chain rather than once per call site (the chains were too slow to time otherwise: runs 3-7).
-OLD = jax.jit(_old_module().backward, static_argnames=("rate", "interpret", "heads", "packed", "bias_grad"))
+OLD = one_module(_old_module().backward, ("rate", "interpret", "heads", "packed", "bias_grad"))
 
 
 def use(which):
