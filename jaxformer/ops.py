@@ -29,7 +29,8 @@ written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epi
 15-16).
 (***) At S = T = 128, H = 64 with bfloat16 inputs on Hopper-or-newer GPUs the backward is attention/kernel_mgpu.py
 (Mosaic GPU, `BlockSizes.mgpu_bwd`, persistent over the heads since session 19; measured faster on the H200 and
-H100, session 18, and again on the H200, session 19); elsewhere all Triton.
+H100, session 18, and again on the H200, session 19); elsewhere all Triton. The forward stays Triton's: its Mosaic
+GPU form (`BlockSizes.mgpu_fwd`, opt-in) showed no gain in timed chains or the train step (session 20).
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 

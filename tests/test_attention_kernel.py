@@ -197,6 +197,36 @@ def test_mgpu_backward_lowers_one_kernel_for_all_call_sites():
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
 
 
+@_MGPU_INTERPRET
+@pytest.mark.parametrize("packed", [False, True])
+def test_mgpu_forward_matches_triton_forward(packed):
+    # The Mosaic GPU forward (session 19, off by default; compiled on the GPU by _GPU_CASES) in interpret mode against the Triton
+    # forward on the same inputs: the context and the base-2 logsumexp, with dropout, a length in each key half, an
+    # example with no real key, 6 heads on 3 programs; packed with the folded bias. Then forward and VJP of the whole
+    # operator with both Mosaic GPU kernels against the fp32 reference.
+    blocks = dataclasses.replace(_MGPU, mgpu_fwd=True)
+    mask = _mask([128, 37, 0], 128)
+    if packed:
+        qkv = jax.random.normal(jax.random.key(35), (3, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
+        args, kw = (qkv, qkv, qkv), dict(packed=True, bias=_packed_bias(qkv))
+    else:
+        args = _inputs(jax.random.key(36), 3, 128, 128, 2, 64, jnp.bfloat16)[:3]
+        kw = {}
+    # packed: a batch-and-head shard's mask (batch_offset 2, head_offset 1 of 4 heads), as in the backward's test
+    code = kernel.mask_code(mask)
+    seed = seed_words(seed_from_key(jax.random.key(37)), *((2, 1) if packed else ()))
+    kw.update(heads=4 if packed else None)
+    got = kernel.forward(*args, code, seed, rate=0.1, interpret=True, blocks=blocks, **kw)
+    want = kernel.forward(*args, code, seed, rate=0.1, interpret=True, blocks=_MGPU, **kw)
+    assert _rel_err(got[0], want[0]) < 1e-2, _rel_err(got[0], want[0])
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), atol=2e-3, rtol=0)
+    g = jax.random.normal(jax.random.key(38), (3, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    if packed:
+        _check_packed(qkv, mask, g, rate=0.1, block_sizes=blocks, bias=kw["bias"])
+    else:
+        _check(*args, mask, g, rate=0.1, seed=5, exact_reference=True, block_sizes=blocks)
+
+
 def test_mgpu_backward_shape_errors():
     q, k, v, _ = _inputs(jax.random.key(25), 1, 64, 64, 1, 64, jnp.bfloat16)
     with pytest.raises(ValueError, match="S = T = 128, H = 64.*got S=64, T=64, H=64"):
@@ -381,7 +411,8 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
 # backward).
 _GPU_CASES = [(128, {}), (128, {"fused_bwd": False, "key_major": False}), (128, {"fused_bwd": True, "key_major": True}),
               (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"store_ds": False}),
-              (512, {"key_major": False, "store_ds": False}), (512, {"key_major": False}), (128, {"mgpu_bwd": True})]
+              (512, {"key_major": False, "store_ds": False}), (512, {"key_major": False}), (128, {"mgpu_bwd": True}),
+              (128, {"mgpu_bwd": True, "mgpu_fwd": True})]
 
 
 def _gpu_blocks(s, variant):

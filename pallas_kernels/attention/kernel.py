@@ -81,6 +81,10 @@ class BlockSizes:
     # The one-kernel backward in Mosaic GPU (`kernel_mgpu.py`: wgmma, TMA) instead of Triton's (needs `fused_bwd`;
     # Hopper or newer, S = T = 128, H = 64, bfloat16). The default where it runs (session 18, kernels-h200.md).
     mgpu_bwd: bool = False
+    # The forward in Mosaic GPU (`kernel_mgpu.forward`; Hopper or newer, S = T = 128, H = 64, bfloat16). Off by
+    # default: on an H200 it saved ~3 us of a 34 us forward in device time, but neither timed chains nor the train
+    # step showed a gain (session 20, kernels-h200.md).
+    mgpu_fwd: bool = False
 
 
 def _fit(cap: int, n: int) -> int:
@@ -169,6 +173,8 @@ def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
     if blocks.mgpu_bwd:
         if not blocks.fused_bwd:
             raise ValueError("mgpu_bwd=True is a one-kernel backward: it needs fused_bwd=True")
+        kernel_mgpu.check_shape(s, t, h, q.dtype)
+    if blocks.mgpu_fwd:
         kernel_mgpu.check_shape(s, t, h, q.dtype)
     for name, length in (("block_q", s), ("block_q_dkv", s), ("block_q_dq", s),
                          ("block_k", t), ("block_k_dkv", t), ("block_k_dq", t)):
@@ -579,6 +585,9 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: 
     """
     b, s, n, h, t = _shapes(q, k, packed)
     heads = n if heads is None else heads
+    if blocks.mgpu_fwd:
+        return kernel_mgpu.forward(q, k, v, code, seed, rate=rate, interpret=interpret, heads=heads, packed=packed,
+                                   bias=bias)
     bq = blocks.block_q
     out_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     return pl.pallas_call(

@@ -129,6 +129,30 @@ def _products(interpret, *accs):
     return pl.run_scoped(body, *[plgpu.ACC((_HALF, _HALF), jnp.float32) for _ in accs])
 
 
+
+def _dropout_words(seed, heads: int):
+    """(2, 3, 64) uint32 for the kernels' dropout index, one (3, 64) block per warpgroup's query rows: the two seed
+    words, each over 64 entries, and each row's base ((seed[2] * heads + seed[3]) * S + s) * T. Row s of head (b, n)
+    starts at index (((b + seed[2]) * heads + n + seed[3]) * S + s) * T (as kernel.py), i.e. base[s] plus
+    (b * heads + n) * S * T, which the kernels add (`_first_index`)."""
+    u32 = jnp.uint32
+    rowbase = ((seed[2] * u32(heads) + seed[3]) * u32(_SEQ) + jnp.arange(_SEQ, dtype=u32)) * u32(_SEQ)
+    words = jnp.stack([jnp.broadcast_to(seed[0], (_SEQ,)), jnp.broadcast_to(seed[1], (_SEQ,)), rowbase])  # (3, S)
+    return words.reshape(3, 2, _HALF).transpose(1, 0, 2)
+
+
+def _first_index(rowbase_ref, bi, ni, heads: int, interpret):
+    """The first dropout index of each query row of head (bi, ni)'s warpgroup tile, (64, 64) uint32: its row bases
+    (SMEM) plus (bi * heads + ni) * S * T."""
+    return _per_row(rowbase_ref, interpret) + (bi * heads + ni).astype(jnp.uint32) * jnp.uint32(_SEQ * _SEQ)
+
+
+def _keep(seeds, first, cols, kh, rate):
+    """The keep mask of key half `kh` of a warpgroup tile. The key half's offset goes to the rows' first index, so
+    the two lanes of a pair hash one expression (`keep_mask_lanes`)."""
+    return keep_mask_lanes(seeds, first + jnp.uint32(kh * _HALF), cols, rate)
+
+
 # ---------------------------------------------------------------------------------------------------- kernel
 
 
@@ -173,14 +197,7 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
     grid = programs_for(n_heads, interpret) if programs is None else programs
     if not 1 <= grid <= n_heads:
         raise ValueError(f"programs={grid} must be in [1, B*N={n_heads}]")
-    extras = []
-    if drop:
-        u32 = jnp.uint32
-        # Row s of the (b, n) head starts at dropout index (((b + seed[2]) * heads + n + seed[3]) * S + s) * T (as
-        # kernel.py): the kernel adds (b * heads + n) * S * T to rowbase[s] = ((seed[2] * heads + seed[3]) * S + s) * T.
-        rowbase = ((seed[2] * u32(heads) + seed[3]) * u32(s) + jnp.arange(s, dtype=u32)) * u32(t)
-        words = jnp.stack([jnp.broadcast_to(seed[0], (s,)), jnp.broadcast_to(seed[1], (s,)), rowbase])  # (3, S)
-        extras.append(words.reshape(3, 2, _HALF).transpose(1, 0, 2))  # (warpgroup half, word, 64)
+    extras = [_dropout_words(seed, heads)] if drop else []
     if with_bias:
         extras.append(bias.astype(dtype))
     tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -266,17 +283,15 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                 interpret,
                 [(q_s.at[rows], _t(k_s.at[keys[0]]))], [(q_s.at[rows], _t(k_s.at[keys[1]]))],
                 [(do_s.at[rows], _t(v_s.at[keys[0]]))], [(do_s.at[rows], _t(v_s.at[keys[1]]))])
-            if drop:  # the first dropout index of each query row of head (bi, ni)
-                first = _per_row(words_s.at[w, 2], interpret) + ((bi * heads + ni).astype(jnp.uint32)
-                                                                * jnp.uint32(_SEQ * _SEQ))
+            first = _first_index(words_s.at[w, 2], bi, ni, heads, interpret) if drop else None
             ds16 = []
             for kh, (sc, dp) in enumerate(((s0, dp0), (s1, dp1))):
                 code = _per_col(code_s.at[slot, keys[kh]], interpret)
                 real = code > 0
                 p = jnp.exp2(jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0)) - lse)
                 pd = p
-                if drop:  # the key half's offset goes to the row's first index, so a pair's two lanes hash alike
-                    keep = keep_mask_lanes(seeds, first + jnp.uint32(kh * _HALF), cols, rate)
+                if drop:
+                    keep = _keep(seeds, first, cols, kh, rate)
                     inv_keep = 1.0 / (1.0 - rate)
                     pd = jnp.where(keep, p * inv_keep, 0.0)
                     dp = jnp.where(keep, dp * inv_keep, 0.0)
@@ -342,3 +357,149 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
 
 
 _backward_jit = _mgpu.one_module(_backward, ("rate", "interpret", "heads", "packed", "bias_grad", "programs"))
+
+
+# ---------------------------------------------------------------------------------------------------- forward
+
+
+def forward(q, k, v, code, seed, *, rate: float, interpret: bool, heads: int | None = None, packed: bool = False,
+            bias=None, programs: int | None = None):
+    """As `kernel.forward` at S = T = 128, H = 64, bf16: (o (B, S, N, H), lse (B, N, S) fp32, base 2), persistent as
+    `backward` (one CTA per SM looping over the heads, the next head's q, k, v loaded while this one computes), all
+    call sites through one `jax.jit`. Off by default (`BlockSizes.mgpu_fwd`): on an H200 (session 20, kernels-h200.md)
+    it matched the reference compiled and took 31.0 vs 34.1 us of device time (B64 N16, p = 0.1), but timed fwd+bwd
+    chains did not resolve a gain and BERT-large's train step was unchanged (1877 vs 1876 seq/s)."""
+    return _forward_jit(q, k, v, code, seed, bias, rate=float(rate), interpret=interpret, heads=heads, packed=packed,
+                        programs=programs)
+
+
+def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, programs):
+    if packed:
+        b, s, _, n, h = q.shape
+        t = s
+    else:
+        b, s, n, h = q.shape
+        t = k.shape[1]
+    check_shape(s, t, h, q.dtype)
+    heads = n if heads is None else heads
+    dtype = q.dtype
+    scale = h ** -0.5
+    drop = seed is not None and rate > 0.0
+    with_bias = bias is not None
+    n_heads = b * n
+    grid = programs_for(n_heads, interpret) if programs is None else programs
+    if not 1 <= grid <= n_heads:
+        raise ValueError(f"programs={grid} must be in [1, B*N={n_heads}]")
+    extras = [_dropout_words(seed, heads)] if drop else []
+    if with_bias:
+        extras.append(bias.astype(dtype))
+    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    n_loads = 4 + with_bias  # per head and warpgroup: q, k, v halves, mask code (+ a bias vector)
+
+    def body(*refs):
+        refs = list(refs)
+        (buf, code_s, words_s, bias_s, lse_s), bars, words_bar, sync = refs.pop()
+        in_refs = [refs.pop(0) for _ in range(1 if packed else 3)]
+        code_ref = refs.pop(0)
+        words_ref = refs.pop(0) if drop else None
+        bias_ref = refs.pop(0) if with_bias else None
+        o_ref, lse_ref = refs
+
+        pid, w = lax.axis_index("p"), lax.axis_index("wg")
+        rows = pl.ds(w * _HALF, _HALF)
+        mine = (n_heads - 1 - pid) // grid + 1
+
+        def head(i):
+            x = pid + i * grid
+            return x // n, x % n
+
+        def half(c, bi, ni):  # GMEM (64, H) rows of this warpgroup's half of q (c = 0), k (1) or v (2)
+            return in_refs[0].at[bi, rows, c, ni] if packed else in_refs[c].at[bi, rows, ni]
+
+        def issue_loads(i, slot):
+            bi, ni = head(i)
+            loads = [(half(c, bi, ni), buf.at[slot, c, rows]) for c in range(3)]
+            loads.append((code_ref.at[bi, rows], code_s.at[slot, rows]))
+            if with_bias:  # warpgroup 0 brings q's bias (C = 0), warpgroup 1 v's (C = 2)
+                loads.append((bias_ref.at[2 * w, ni], bias_s.at[slot, w]))
+            for j, (g, sm) in enumerate(loads):
+                plgpu.copy_gmem_to_smem(g, sm, bars.at[(slot * n_loads + j) * 2 + w])
+
+        def sync_warpgroups():
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(sync)
+            plgpu.barrier_wait(sync)
+
+        issue_loads(0, 0)
+        if drop:
+            plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
+            plgpu.barrier_wait(words_bar.at[w])
+            seeds = (_per_row(words_s.at[w, 0], interpret), _per_row(words_s.at[w, 1], interpret))
+            cols = _iota_cols(interpret)
+        keys = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
+
+        def step(i, carry):
+            slot = i % 2
+            bi, ni = head(i)
+            q_s, k_s, v_s = (buf.at[slot, c] for c in range(3))
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # head i - 1's stores have read their SMEM
+            sync_warpgroups()  # and both warpgroups are done with its buffer: it takes head i + 1
+
+            @pl.when(i + 1 < mine)
+            def _():
+                issue_loads(i + 1, 1 - slot)
+
+            for j in range(2 * n_loads):
+                plgpu.barrier_wait(bars.at[slot * 2 * n_loads + j])
+            if with_bias:  # q + bq and v + bv in place, each rounded to the inputs' dtype, as XLA's add
+                for tile, c in ((q_s, 0), (v_s, 1)):
+                    x = _load(tile.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
+                    bc = _per_col(bias_s.at[slot, c], interpret).astype(jnp.float32)
+                    tile.at[rows][...] = (x + bc).astype(dtype)
+                sync_warpgroups()
+
+            s0, s1 = _products(interpret, [(q_s.at[rows], _t(k_s.at[keys[0]]))],
+                               [(q_s.at[rows], _t(k_s.at[keys[1]]))])
+            xs = []
+            for kh, sc in enumerate((s0, s1)):  # masked base-2 scores, as kernel._scores
+                code = _per_col(code_s.at[slot, keys[kh]], interpret)
+                xs.append(jnp.where(code > 0, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0)))
+            m = jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1))
+            ps = [jnp.exp2(x - lax.broadcast_in_dim(m, (_HALF, _HALF), [0])) for x in xs]
+            l = jnp.sum(ps[0], axis=1) + jnp.sum(ps[1], axis=1)  # the normaliser sums before dropout  # noqa: E741
+            if drop:
+                first = _first_index(words_s.at[w, 2], bi, ni, heads, interpret)
+                ps = [jnp.where(_keep(seeds, first, cols, kh, rate), p, 0.0) for kh, p in enumerate(ps)]
+            (acc,) = _products(interpret, [(ps[0].astype(dtype), v_s.at[keys[0]]),
+                                           (ps[1].astype(dtype), v_s.at[keys[1]])])
+            inv = (1.0 / (1.0 - rate) if drop else 1.0) / l
+            q_s.at[rows][...] = (acc * lax.broadcast_in_dim(inv, (_HALF, _HALF), [0])).astype(dtype)  # staged
+            lse_s.at[rows][...] = m + jnp.log2(l)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_s.at[rows], o_ref.at[bi, rows, ni])
+            plgpu.copy_smem_to_gmem(lse_s.at[rows], lse_ref.at[bi, ni, rows])
+            return carry
+
+        lax.fori_loop(0, mine, step, None)
+        plgpu.wait_smem_to_gmem(0)
+
+    def entry(*refs):
+        scratch = (
+            plgpu.SMEM((2, 3, _SEQ, h), dtype, transforms=tr),  # two heads' q, k, v (o staged in q's rows)
+            plgpu.SMEM((2, _SEQ), jnp.int32),  # two heads' mask codes
+            plgpu.SMEM((2, 3, _HALF), jnp.uint32),  # per warpgroup: seed words and row bases
+            plgpu.SMEM((2, 2, h), dtype),  # two heads' q and v biases
+            plgpu.SMEM((_SEQ,), jnp.float32),  # lse, staged
+        )
+        pl.run_scoped(lambda *scoped: body(*refs, scoped), scratch,
+                      plgpu.Barrier(num_barriers=4 * n_loads), plgpu.Barrier(num_barriers=2),
+                      plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+
+    out_type = (jax.ShapeDtypeStruct((b, s, n, h), dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32))
+    inputs = ([q] if packed else [q, k, v]) + [code] + extras
+    return plgpu.kernel(entry, out_type=out_type, grid=(grid,), grid_names=("p",), num_threads=2, thread_name="wg",
+                        compiler_params=plgpu.CompilerParams(approx_math=True),
+                        interpret=_mgpu.interpret_params(interpret))(*inputs)
+
+
+_forward_jit = _mgpu.one_module(_forward, ("rate", "interpret", "heads", "packed", "programs"))

@@ -4,6 +4,7 @@ next head's inputs loaded while this one computes) against session 18's one-CTA-
 
     PYTHONPATH=. python benchmarks/gpu_scripts/session19/ab_persistent.py op [TEXT] [--rounds N] [--lengths N1,N2]
     PYTHONPATH=. python benchmarks/gpu_scripts/session19/ab_persistent.py profile [TEXT]          # device time
+    PYTHONPATH=. python benchmarks/gpu_scripts/session19/ab_persistent.py profile-fwd [TEXT]      # mgpu_fwd A/B
     PYTHONPATH=. python benchmarks/gpu_scripts/session19/ab_persistent.py once old|new            # one call (dumps)
     PYTHONPATH=. python benchmarks/gpu_scripts/session19/ab_persistent.py old SCRIPT ARGS...      # SCRIPT on s18's
 
@@ -74,6 +75,12 @@ def main():
         return
     only = args[0] if args else ""
     cases = [c for c in op_cases() if only in c[0]]
+    if mode == "profile-fwd":  # branch session19-mgpu-forward: the Mosaic GPU forward against Triton's, same backward
+        import dataclasses
+        for label, fn, xs, _ in cases:
+            for name, blocks in (("mgpu fwd", dataclasses.replace(mg, mgpu_fwd=True)), ("triton fwd", mg)):
+                profile_kernels(fn(blocks), xs, 10, 6, f"{label} {name}")
+        return
     if mode == "profile":
         for label, fn, xs, _ in cases:
             for which in ("new", "old"):
