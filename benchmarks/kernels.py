@@ -55,7 +55,13 @@ def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
 
 
 def copy_bandwidth(repeats, scale=1):
-    x = jax.random.normal(jax.random.key(0), (128 * 1024 * 1024 // scale,), jnp.bfloat16)  # 256 MB
+    """Bytes per second of XLA's `y = x + 1` over a 256 MB float32 buffer (read + written), timed as the operators are.
+
+    float32, not bfloat16: XLA's bf16 element-wise loop reads this GPU's memory ~24% slower than its fp32 one over the
+    same bytes (H200: 3199 vs 4077 GB/s; PyTorch's device copy 4192), so the bf16 probe that sessions 1-19 divided by
+    understated the copy bandwidth and overstated every "% of copy BW" (benchmarks/results/kernels-h200.md, session 20).
+    """
+    x = jax.random.normal(jax.random.key(0), (64 * 1024 * 1024 // scale,), jnp.float32)  # 256 MB
     t = per_iteration(lambda x: (x[0] + 1,), (x,), repeats)
     return 2 * x.nbytes / t
 
@@ -295,7 +301,7 @@ def main():
     ROTATE_BYTES[0] //= a.scale
     bw = copy_bandwidth(a.repeats, a.scale)
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {a.dtype}; copy bandwidth {bw / 1e9:.0f} GB/s "
-          f"(y = x + 1 over 256 MB); JAXFORMER_AUTOTUNE={autotune.mode()} (\"default\" blocks: the tuner's cached "
+          f"(fp32 y = x + 1 over 256 MB); JAXFORMER_AUTOTUNE={autotune.mode()} (\"default\" blocks: the tuner's cached "
           "choice unless off)", flush=True)
     rows = []
     print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
