@@ -57,9 +57,10 @@ def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
 def copy_bandwidth(repeats, scale=1):
     """Bytes per second of XLA's `y = x + 1` over a 256 MB float32 buffer (read + written), timed as the operators are.
 
-    float32, not bfloat16: XLA's bf16 element-wise loop reads this GPU's memory ~24% slower than its fp32 one over the
-    same bytes (H200: 3199 vs 4077 GB/s; PyTorch's device copy 4192), so the bf16 probe that sessions 1-19 divided by
-    understated the copy bandwidth and overstated every "% of copy BW" (benchmarks/results/kernels-h200.md, session 20).
+    float32, not bfloat16: XLA's bf16 element-wise loop reads an H200's memory 16-24% slower than its fp32 one over
+    the same bytes (3199 vs 4077 GB/s; PyTorch's device copy 4192; on an H100 5-13% slower), so the bf16 probe that
+    sessions 1-19 divided by understated the copy bandwidth and overstated every "% of copy BW"
+    (benchmarks/results/kernels-h200.md, session 20).
     """
     x = jax.random.normal(jax.random.key(0), (64 * 1024 * 1024 // scale,), jnp.float32)  # 256 MB
     t = per_iteration(lambda x: (x[0] + 1,), (x,), repeats)
