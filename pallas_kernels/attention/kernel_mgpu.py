@@ -48,6 +48,7 @@ __all__ = ["backward", "check_shape", "shape_ok", "supported"]
 _LOG2E = math.log2(math.e)
 _PADDED = float(jnp.finfo(jnp.float32).min)  # as kernel.py
 _HALF = 64  # rows of a warpgroup's wgmma tile; S = T = 2 * _HALF
+_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # SMEM tiles of bf16 rows, 128-byte swizzle
 _SEQ, _WIDTH = 2 * _HALF, 64
 
 supported = _mgpu.supported
@@ -156,6 +157,36 @@ def _keep(seeds, first, cols, kh, rate):
 # ---------------------------------------------------------------------------------------------------- kernel
 
 
+def _sync_warpgroups(sync):
+    """This warpgroup's SMEM writes made visible to the other's wgmma (async proxy), then both warpgroups meet."""
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(sync)
+    plgpu.barrier_wait(sync)
+
+
+def _begin_head(i, slot, mine, issue_loads, bars, n_loads, sync):
+    """The persistent loop's turn for head i, whose inputs are loading into buffer `slot`: once head i - 1's stores
+    have read their SMEM and both warpgroups are done with it, buffer 1 - slot takes head i + 1's loads (if this CTA
+    has one of its `mine` heads left); then wait for head i's."""
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    _sync_warpgroups(sync)
+
+    @pl.when(i + 1 < mine)
+    def _():
+        issue_loads(i + 1, 1 - slot)
+
+    for j in range(2 * n_loads):
+        plgpu.barrier_wait(bars.at[slot * 2 * n_loads + j])
+
+
+def _add_bias(tiles_and_biases, rows, dtype, interpret):
+    """q + bq and v + bv in their SMEM tiles (this warpgroup's `rows`), each rounded to the inputs' dtype, as XLA's add
+    (k's bias is left out: softmax is invariant to it)."""
+    for tile, bias in tiles_and_biases:
+        x = _load(tile.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
+        tile.at[rows][...] = (x + _per_col(bias, interpret).astype(jnp.float32)).astype(dtype)
+
+
 def programs_for(heads_total: int, interpret: bool) -> int:
     """CTAs of the persistent grid: one per SM (each loops over heads pid, pid + G, ...), never more than the heads.
     Interpret mode takes 3, so that the CPU tests meet programs with unequal numbers of heads."""
@@ -180,7 +211,9 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
                          packed=packed, bias_grad=bias_grad, programs=programs)
 
 
-def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, packed, bias_grad, programs):
+def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs):
+    """What the forward and the backward both derive from their operands, checked: (b, s, n, h, heads, drop, n_heads,
+    grid, extras), `extras` the operands after the mask code (the dropout words, the bias in q's dtype)."""
     if packed:
         b, s, _, n, h = q.shape
         t = s
@@ -189,18 +222,23 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
         t = k.shape[1]
     check_shape(s, t, h, q.dtype)
     heads = n if heads is None else heads
-    dtype = q.dtype
-    scale = h ** -0.5
     drop = seed is not None and rate > 0.0
-    with_bias = bias is not None
     n_heads = b * n
     grid = programs_for(n_heads, interpret) if programs is None else programs
     if not 1 <= grid <= n_heads:
         raise ValueError(f"programs={grid} must be in [1, B*N={n_heads}]")
     extras = [_dropout_words(seed, heads)] if drop else []
-    if with_bias:
-        extras.append(bias.astype(dtype))
-    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    if bias is not None:
+        extras.append(bias.astype(q.dtype))
+    return b, s, n, h, heads, drop, n_heads, grid, extras
+
+
+def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, packed, bias_grad, programs):
+    b, s, n, h, heads, drop, n_heads, grid, extras = _call_setup(q, k, seed, bias, rate=rate, interpret=interpret,
+                                                                 heads=heads, packed=packed, programs=programs)
+    dtype = q.dtype
+    scale = h ** -0.5
+    with_bias = bias is not None
     n_loads = 7 + with_bias  # per head and warpgroup: q, k, v, dO, O halves, lse, mask code (+ a bias vector)
 
     def body(*refs):
@@ -237,11 +275,6 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
             for j, (g, sm) in enumerate(loads):
                 plgpu.copy_gmem_to_smem(g, sm, bars.at[(slot * n_loads + j) * 2 + w])
 
-        def sync_warpgroups():
-            plgpu.commit_smem()  # this warpgroup's SMEM writes, visible to the other's wgmma (async proxy)
-            plgpu.barrier_arrive(sync)
-            plgpu.barrier_wait(sync)
-
         issue_loads(0, 0)
         if drop:  # the seed words and row bases, once per program (this warpgroup's rows)
             plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
@@ -256,23 +289,11 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
             slot = i % 2
             bi, ni = head(i)
             q_s, k_s, v_s, do_s, o_s = (buf.at[slot, c] for c in range(5))
-            # Head i - 1 is done in both warpgroups and its stores have read their SMEM: its buffer takes head i + 1.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            sync_warpgroups()
+            _begin_head(i, slot, mine, issue_loads, bars, n_loads, sync)
 
-            @pl.when(i + 1 < mine)
-            def _():
-                issue_loads(i + 1, 1 - slot)
-
-            for j in range(2 * n_loads):
-                plgpu.barrier_wait(bars.at[slot * 2 * n_loads + j])
-
-            if with_bias:  # q + bq and v + bv in place, each rounded to the inputs' dtype, as XLA's add
-                for tile, c in ((q_s, 0), (v_s, 1)):
-                    x = _load(tile.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
-                    bc = _per_col(bias_s.at[slot, c], interpret).astype(jnp.float32)
-                    tile.at[rows][...] = (x + bc).astype(dtype)
-                sync_warpgroups()
+            if with_bias:
+                _add_bias(((q_s, bias_s.at[slot, 0]), (v_s, bias_s.at[slot, 1])), rows, dtype, interpret)
+                _sync_warpgroups(sync)
 
             # ---- queries [64w, 64w + 64): S, dP, P, the mask, dS and dQ
             lse = _per_row(lse_s.at[slot, rows], interpret)
@@ -300,16 +321,16 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
 
             (dq,) = _products(interpret, [(ds16[0], k_s.at[keys[0]]), (ds16[1], k_s.at[keys[1]])])
             o_s.at[rows][...] = (dq * scale).astype(dtype)  # staged in the consumed O rows
-            sync_warpgroups()  # P of both query halves in SMEM; K, V, O read by both warpgroups for the last time
+            _sync_warpgroups(sync)  # P of both query halves in SMEM; K, V, O read by both warpgroups for the last time
             plgpu.copy_smem_to_gmem(o_s.at[rows], half(out_refs, 0, bi, ni))
 
             # ---- keys [64w, 64w + 64): dV = P^T dO, then dS through the same buffer, dK = dS^T Q
             (dv,) = _products(interpret, [(_t(pds.at[w]), do_s)])
             v_s.at[rows][...] = dv.astype(dtype)  # staged in the consumed V rows
-            sync_warpgroups()  # both warpgroups' dV products have read P
+            _sync_warpgroups(sync)  # both warpgroups' dV products have read P
             for kh in (0, 1):
                 pds.at[kh, rows][...] = ds16[kh]
-            sync_warpgroups()
+            _sync_warpgroups(sync)
             (dk,) = _products(interpret, [(_t(pds.at[w]), q_s)])
             k_s.at[rows][...] = (dk * scale).astype(dtype)  # staged in the consumed K rows
             plgpu.commit_smem()
@@ -332,9 +353,9 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
 
     def entry(*refs):
         scratch = (
-            plgpu.SMEM((2, 5, _SEQ, h), dtype, transforms=tr),  # two heads' q, k, v, dO, O (outputs staged in O, K, V)
-            plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=tr),  # P (dropped), then dS, by key half
-            plgpu.SMEM((_HALF, _HALF), dtype, transforms=tr),  # ones, for the bias gradient's column sums
+            plgpu.SMEM((2, 5, _SEQ, h), dtype, transforms=_TILES),  # two heads' q, k, v, dO, O (outputs in O, K, V)
+            plgpu.SMEM((2, _SEQ, _HALF), dtype, transforms=_TILES),  # P (dropped), then dS, by key half
+            plgpu.SMEM((_HALF, _HALF), dtype, transforms=_TILES),  # ones, for the bias gradient's column sums
             plgpu.SMEM((2, _SEQ), jnp.float32), plgpu.SMEM((2, _SEQ), jnp.int32),  # lse, mask code (two heads)
             plgpu.SMEM((2, 3, _HALF), jnp.uint32),  # per warpgroup: seed words, each over 64 entries; row bases
             plgpu.SMEM((2, 2, h), dtype),  # two heads' q and v biases
@@ -374,26 +395,11 @@ def forward(q, k, v, code, seed, *, rate: float, interpret: bool, heads: int | N
 
 
 def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, programs):
-    if packed:
-        b, s, _, n, h = q.shape
-        t = s
-    else:
-        b, s, n, h = q.shape
-        t = k.shape[1]
-    check_shape(s, t, h, q.dtype)
-    heads = n if heads is None else heads
+    b, s, n, h, heads, drop, n_heads, grid, extras = _call_setup(q, k, seed, bias, rate=rate, interpret=interpret,
+                                                                 heads=heads, packed=packed, programs=programs)
     dtype = q.dtype
     scale = h ** -0.5
-    drop = seed is not None and rate > 0.0
     with_bias = bias is not None
-    n_heads = b * n
-    grid = programs_for(n_heads, interpret) if programs is None else programs
-    if not 1 <= grid <= n_heads:
-        raise ValueError(f"programs={grid} must be in [1, B*N={n_heads}]")
-    extras = [_dropout_words(seed, heads)] if drop else []
-    if with_bias:
-        extras.append(bias.astype(dtype))
-    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     n_loads = 4 + with_bias  # per head and warpgroup: q, k, v halves, mask code (+ a bias vector)
 
     def body(*refs):
@@ -425,11 +431,6 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
             for j, (g, sm) in enumerate(loads):
                 plgpu.copy_gmem_to_smem(g, sm, bars.at[(slot * n_loads + j) * 2 + w])
 
-        def sync_warpgroups():
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(sync)
-            plgpu.barrier_wait(sync)
-
         issue_loads(0, 0)
         if drop:
             plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
@@ -442,21 +443,10 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
             slot = i % 2
             bi, ni = head(i)
             q_s, k_s, v_s = (buf.at[slot, c] for c in range(3))
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # head i - 1's stores have read their SMEM
-            sync_warpgroups()  # and both warpgroups are done with its buffer: it takes head i + 1
-
-            @pl.when(i + 1 < mine)
-            def _():
-                issue_loads(i + 1, 1 - slot)
-
-            for j in range(2 * n_loads):
-                plgpu.barrier_wait(bars.at[slot * 2 * n_loads + j])
-            if with_bias:  # q + bq and v + bv in place, each rounded to the inputs' dtype, as XLA's add
-                for tile, c in ((q_s, 0), (v_s, 1)):
-                    x = _load(tile.at[rows], plgpu.Layout.WGMMA, interpret).astype(jnp.float32)
-                    bc = _per_col(bias_s.at[slot, c], interpret).astype(jnp.float32)
-                    tile.at[rows][...] = (x + bc).astype(dtype)
-                sync_warpgroups()
+            _begin_head(i, slot, mine, issue_loads, bars, n_loads, sync)
+            if with_bias:
+                _add_bias(((q_s, bias_s.at[slot, 0]), (v_s, bias_s.at[slot, 1])), rows, dtype, interpret)
+                _sync_warpgroups(sync)
 
             s0, s1 = _products(interpret, [(q_s.at[rows], _t(k_s.at[keys[0]]))],
                                [(q_s.at[rows], _t(k_s.at[keys[1]]))])
@@ -485,7 +475,7 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
 
     def entry(*refs):
         scratch = (
-            plgpu.SMEM((2, 3, _SEQ, h), dtype, transforms=tr),  # two heads' q, k, v (o staged in q's rows)
+            plgpu.SMEM((2, 3, _SEQ, h), dtype, transforms=_TILES),  # two heads' q, k, v (o staged in q's rows)
             plgpu.SMEM((2, _SEQ), jnp.int32),  # two heads' mask codes
             plgpu.SMEM((2, 3, _HALF), jnp.uint32),  # per warpgroup: seed words and row bases
             plgpu.SMEM((2, 2, h), dtype),  # two heads' q and v biases
