@@ -94,7 +94,8 @@ def cases(ops, dtype, scale=1):
             for rate in (0.0, 0.1):
                 kw = dict(seed=seed, rate=rate, eps=1e-12)
                 impls = {"xla": lambda *a, kw=kw: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw),
-                         "pallas": lambda *a, kw=kw, **b: bdrln.bias_dropout_residual_layernorm(*a, **kw, **b)}
+                         "pallas": lambda *a, kw=kw, **b: bdrln.bias_dropout_residual_layernorm(*a, **kw, **b,
+                                                                                                backend="triton")}
                 if bdrln_mgpu.supported():
                     impls["mgpu"] = lambda *a, kw=kw, **b: bdrln.bias_dropout_residual_layernorm(*a, **kw, **b,
                                                                                                   backend="mgpu")

@@ -7,8 +7,8 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 | operator (Ivanov et al.)                        | xla (reference, XLA fuses)  | pallas                               |
 |-------------------------------------------------|-----------------------------|--------------------------------------|
 | embedding_layernorm (sum + LN + dropout)        | embedding_layernorm.ref     | xla (once per step: 0.6% of its time)|
-| bias_dropout_residual_layernorm (BDRLN / BLNRD) | bdrln.reference             | bdrln kernel.py fwd + bwd            |
-| layer_norm (the MLM head's)                     | bdrln.reference.layer_norm  | bdrln kernel.py (no bias/res)        |
+| bias_dropout_residual_layernorm (BDRLN / BLNRD) | bdrln.reference             | bdrln kernel.py fwd + bwd (****)     |
+| layer_norm (the MLM head's)                     | bdrln.reference.layer_norm  | bdrln kernel.py (no bias/res) (****) |
 | bias_gelu (BAD / BDRB)                          | bias_gelu.reference         | kernel_mgpu.py (Hopper+) / kernel.py |
 | attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash) (***)    |
 | attention_qkv (the same on packed BSCNH q/k/v)  | attention.reference (**)    | the same, packed (***)               |
@@ -31,13 +31,17 @@ written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epi
 (Mosaic GPU, `BlockSizes.mgpu_bwd`, persistent over the heads since session 19; measured faster on the H200 and
 H100, session 18, and again on the H200, session 19); elsewhere all Triton. The forward stays Triton's: its Mosaic
 GPU form (`BlockSizes.mgpu_fwd`, opt-in) showed no gain in timed chains or the train step (session 20).
+(****) On Hopper-or-newer GPUs, for shards of >= 16384 rows where its shape checks pass, the Mosaic GPU version
+(`bdrln/kernel_mgpu.py`; `backend="auto"`, the default, session 20); at BERT's one-GPU shapes (8192 rows) Triton's.
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
 Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md. Mosaic GPU (Hopper) versions of
 BDRLN and bias+GELU exist (`pallas_kernels/*/kernel_mgpu.py`). bias+GELU's default backend ("auto") runs them on
 Hopper-or-newer GPUs where the shape allows (measured faster than its Triton kernels at every BERT shape on an
-H200) and the Triton ones elsewhere; BDRLN and layer_norm stay on Triton (their Mosaic GPU versions measured slower).
+H200) and the Triton ones elsewhere; BDRLN's and layer_norm's ("auto" too, since session 20) run them on shards of
+>= 16384 rows (measured 0-17% faster there on an H200 and an H100) and Triton's below (BERT's B64 S128 and B16 S512
+on one GPU: 3-29% faster).
 """
 
 from __future__ import annotations

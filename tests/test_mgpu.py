@@ -242,3 +242,61 @@ def test_auto_backend_picks_per_shape(monkeypatch):
     assert bg._PerShape.pick(jnp.zeros((1000, 1000), jnp.bfloat16))[0] is bg._k
     with pytest.raises(ValueError, match="blocks are per backend"):
         bg.bias_gelu(x[:8, :256], jnp.zeros((256,)), blocks=bg._k.default_blocks(8, 256))
+
+
+def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
+    """BDRLN's default backend ("auto"): Triton off Hopper; on Hopper+ Mosaic GPU for shards of >= MIN_MGPU_ROWS rows
+    where its shape checks pass (measured faster there, session 20), Triton below that or where they fail."""
+    import pallas_kernels.bias_dropout_residual_layernorm as ln
+    bf = jnp.bfloat16
+    monkeypatch.setattr(ln._k_mgpu, "supported", lambda: False)
+    assert ln._PerShape.pick(jnp.zeros((16384, 1024), bf), bf)[0] is ln._k
+    monkeypatch.setattr(ln._k_mgpu, "supported", lambda: True)
+    assert ln._PerShape.pick(jnp.zeros((16384, 1024), bf), bf)[0] is ln._k_mgpu
+    assert ln._PerShape.pick(jnp.zeros((32768, 768), bf), jnp.float32)[0] is ln._k_mgpu
+    assert ln._PerShape.pick(jnp.zeros((8192, 1024), bf), bf)[0] is ln._k  # below MIN_MGPU_ROWS
+    assert ln._PerShape.pick(jnp.zeros((16384, 1000), bf), bf)[0] is ln._k  # no multiple of the lanes
+    x = jnp.zeros((8, 256), jnp.float32)
+    with pytest.raises(ValueError, match="must be a kernel.Blocks or kernel_mgpu.Blocks"):
+        ln.layer_norm(x, jnp.ones(256), jnp.zeros(256), eps=1e-12, blocks=bg_mgpu.Blocks())
+
+
+def _bdrln_auto_case(monkeypatch, rows, dtype, blocks_list):
+    """The public function without `backend=` runs the kernels `_PerShape` picks, Mosaic GPU here, in the forward
+    and the backward (each blocks of `blocks_list`: None, or one backend's `Blocks`, whose class selects it); values
+    and gradients equal the reference's."""
+    import pallas_kernels.bias_dropout_residual_layernorm as ln
+    calls = []
+    for name in ("forward", "backward"):
+        real = getattr(ln._k_mgpu, name)
+        monkeypatch.setattr(ln._k_mgpu, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
+    k, (x, r, g), seed = _inputs(6, rows, 768 if rows > 8 else 256, dtype, 0)
+    width = x.shape[1]
+    b, s, t = (jax.random.normal(k[i], (width,)) for i in (3, 4, 5))
+    kw = dict(seed=seed, rate=0.1, eps=1e-12)
+    want = jax.vjp(lambda *a: ln_ref.bias_dropout_residual_layernorm(*a, **kw), x, b, r, s, t)
+    for blocks in blocks_list:
+        calls.clear()
+        got = jax.vjp(lambda *a: ln.bias_dropout_residual_layernorm(*a, **kw, blocks=blocks), x, b, r, s, t)
+        grads = got[1](g)
+        assert calls == ["forward", "backward"], (blocks, calls)
+        assert _rel(got[0], want[0]) < TOL[dtype]
+        for a, w in zip(grads, want[1](g)):
+            assert _rel(a, w) < TOL[dtype]
+
+
+@interpret_only
+def test_bdrln_auto_backend_runs_what_it_picks(monkeypatch):
+    """As `_bdrln_auto_case`, in interpret mode: Mosaic GPU "supported" and its row threshold lowered to 8 rows."""
+    import pallas_kernels.bias_dropout_residual_layernorm as ln
+    monkeypatch.setattr(ln._k_mgpu, "supported", lambda: True)
+    monkeypatch.setattr(ln, "MIN_MGPU_ROWS", 8)
+    _bdrln_auto_case(monkeypatch, 8, jnp.float32,
+                     [None, ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2)])
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_bdrln_auto_backend_on_gpu(monkeypatch):
+    """As `_bdrln_auto_case`, compiled: 16384 x 768 bf16 with dropout, the default threshold (Mosaic GPU's side)."""
+    _bdrln_auto_case(monkeypatch, 16384, jnp.bfloat16, [None])

@@ -1,8 +1,8 @@
 """Bias + dropout + residual + layernorm (Ivanov et al.'s BDRLN): `LN(residual + dropout(x + bias))`.
 
 `bias_dropout_residual_layernorm` and `layer_norm` here are the fused Pallas versions (custom VJP: forward and
-backward kernels in `kernel.py`, or the Mosaic GPU ones in `kernel_mgpu.py` with `backend="mgpu"`); the pure
-jax.numpy ground truth is in `reference.py`.
+backward kernels in `kernel.py` (Triton), or the Mosaic GPU ones in `kernel_mgpu.py`; by default per shard shape,
+`_PerShape`); the pure jax.numpy ground truth is in `reference.py`.
 """
 
 from __future__ import annotations
@@ -19,23 +19,49 @@ from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
 
-# The kernel modules behind the public functions (same forward/backward contract): Triton, or Mosaic GPU (Hopper;
-# measured slower so far, benchmarks/results/kernels-h200.md).
-BACKENDS = {"triton": _k, "mgpu": _k_mgpu}
+MIN_MGPU_ROWS = 16384
+
+
+class _PerShape:
+    """`backend="auto"` (the default): the Mosaic GPU kernels on Hopper or newer for shards of at least
+    `MIN_MGPU_ROWS` rows where they take the shape, else Triton. Measured fwd+bwd, the two alternating (session 20,
+    benchmarks/results/kernels-h200.md and kernels-h100.md; D = 768 and 1024, p = 0 and 0.1), Mosaic GPU's time over
+    Triton's: 0.83-1.00 (H200) and 0.87-1.00 (H100) at 16384 and 32768 rows, 1.05-1.29 and 1.03-1.15 at 8192 rows
+    (BERT's B64 S128 and B16 S512 on one GPU, which stay on Triton)."""
+
+    @staticmethod
+    def pick(x, out_dtype):
+        """The kernel module for the shard `x` (rows, D) whose output is in `out_dtype`, and its default blocks."""
+        rows, width = x.shape
+        if rows >= MIN_MGPU_ROWS and _k_mgpu.supported():
+            blocks = _k_mgpu.default_blocks(rows, width)
+            try:
+                _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, blocks)
+                return _k_mgpu, blocks
+            except ValueError:
+                pass
+        return _k, _k.default_blocks(rows, width)
+
+
+# The kernel modules behind the public functions (same forward/backward contract): Triton, Mosaic GPU (Hopper), or
+# the per-shape choice between them.
+BACKENDS = {"auto": _PerShape, "triton": _k, "mgpu": _k_mgpu}
 
 __all__ = ["bias_dropout_residual_layernorm", "layer_norm", "reference"]
 
 
 def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, rate: float, eps: float,
-                                    interpret: bool | None = None, blocks=None, backend: str = "triton"):
+                                    interpret: bool | None = None, blocks=None, backend: str = "auto"):
     """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function.
-    `blocks` is the chosen backend's `Blocks` (default: the autotuner's cached choice for the shape,
-    `pallas_kernels.autotune`, else the backend's `default_blocks`)."""
+    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 16384 rows where the shape allows, else Triton:
+    `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class names the backend);
+    default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the backend's
+    `default_blocks`."""
     return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks,
                   backend=backend)
 
 
-def layer_norm(x, scale, ln_bias, *, eps: float, interpret: bool | None = None, blocks=None, backend: str = "triton"):
+def layer_norm(x, scale, ln_bias, *, eps: float, interpret: bool | None = None, blocks=None, backend: str = "auto"):
     """Fused plain layernorm over the last axis (float32 statistics), result in x's dtype."""
     return _fused(x, None, None, scale, ln_bias, None, rate=0.0, eps=eps, interpret=interpret, blocks=blocks,
                   backend=backend)
@@ -44,6 +70,10 @@ def layer_norm(x, scale, ln_bias, *, eps: float, interpret: bool | None = None, 
 def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, blocks, backend):
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} must be one of {tuple(BACKENDS)}")
+    if backend == "auto" and blocks is not None:  # the blocks' class names the backend
+        backend = next((name for name in ("triton", "mgpu") if isinstance(blocks, BACKENDS[name].Blocks)), None)
+        if backend is None:
+            raise ValueError(f"blocks={blocks!r} must be a kernel.Blocks or kernel_mgpu.Blocks")
     kernels = BACKENDS[backend]
     d = x.shape[-1]
     for name, v in (("bias", bias), ("scale", scale), ("ln_bias", shift)):
@@ -61,18 +91,23 @@ def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, block
     return out.reshape(x.shape)
 
 
-def _blocks(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, interpret):
-    """`blocks` if given; else, for this shard's (rows, D), the autotuner's choice (cached, or tuned now under
-    JAXFORMER_AUTOTUNE=tune: `pallas_kernels.autotune`), else the default table. Called by the forward and the
-    backward alike: the forward's trace tunes, the backward's reads the same cache entry."""
-    if blocks is not None:
-        return blocks
+def _kernels(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, interpret):
+    """(kernel module, blocks) for this shard's (rows, D): the backend's module ("auto": `_PerShape.pick`) and
+    `blocks` if given, else the autotuner's choice (cached, or tuned now under JAXFORMER_AUTOTUNE=tune:
+    `pallas_kernels.autotune`), else the module's default table. Called by the forward and the backward alike (the
+    same shard shape and dtypes, so the same module): the forward's trace tunes, the backward's reads the same cache
+    entry."""
     rows, d = x.shape
-    default = kernels.default_blocks(rows, d)
+    if kernels is _PerShape:
+        kernels, default = _PerShape.pick(x, (x if residual is None else residual).dtype)
+    else:
+        default = kernels.default_blocks(rows, d)
+    if blocks is not None:
+        return kernels, blocks
     operands = dict(x=x, bias=bias, residual=residual, scale=scale, shift=shift)
     names = tuple(operands)  # names only in what the tuner's thread runs: no tracer of this trace goes there
     present = [name for name in names if operands[name] is not None]
-    backend = next(name for name, k in BACKENDS.items() if k is kernels)
+    backend = "mgpu" if kernels is _k_mgpu else "triton"
     seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
 
     def fn(blocks_):
@@ -83,7 +118,7 @@ def _blocks(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, inte
                                                    backend=backend)
         return op
 
-    return autotune.choose_rowwise(
+    return kernels, autotune.choose_rowwise(
         "bdrln", kernels, default, fn, [operands[name] for name in present], interpret=interpret, backend=backend,
         rows=rows, d=d, dtype=x.dtype.name, residual=None if residual is None else residual.dtype.name,
         bias=bias is not None, dropout=bool(rate))
@@ -96,8 +131,9 @@ def _op(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, ker
 
 def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, kernels):
     def run(row_offset, x, residual, bias, scale, shift, seed):
-        blocks_ = _blocks(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps, interpret=interpret)
-        return kernels.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
+        k, blocks_ = _kernels(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps,
+                              interpret=interpret)
+        return k.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
                                interpret=interpret, blocks=blocks_)
 
     y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(x, residual, bias, scale, shift, seed)
@@ -108,8 +144,9 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
     x, bias, residual, scale, shift, seed, mean, rstd = res
 
     def run(row_offset, x, residual, mean, rstd, dy, bias, scale, seed):
-        blocks_ = _blocks(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps, interpret=interpret)
-        return kernels.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
+        k, blocks_ = _kernels(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps,
+                              interpret=interpret)
+        return k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
                                 interpret=interpret, blocks=blocks_)
 
     dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,

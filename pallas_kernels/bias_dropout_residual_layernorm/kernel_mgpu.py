@@ -28,7 +28,7 @@ from .. import _mgpu
 from .._mgpu import LANES, check_rows, kernel_call, load, pipeline, split_programs, supported
 from ..dropout import keep_mask
 
-__all__ = ["Blocks", "backward", "default_blocks", "forward", "supported"]
+__all__ = ["Blocks", "backward", "check_shape", "default_blocks", "forward", "supported"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +115,13 @@ def _check(rows, width, dtypes, block_rows, field, vec):
         check_rows(rows, width, d, block_rows, field, multiple=32 * vec)
     if block_rows % 4:
         raise ValueError(f"{field}={block_rows} must be a multiple of 4 (one row per warp)")
+
+
+def check_shape(rows: int, width: int, x_dtype, out_dtype, blocks: Blocks) -> None:
+    """ValueError (before any compile) where `forward` or `backward` would not take a (rows, width) shard of x in
+    `x_dtype` whose output, residual and output gradient are in `out_dtype`, with `blocks`."""
+    _check(rows, width, (x_dtype, out_dtype), blocks.block_rows, "block_rows", _vec(x_dtype, out_dtype))
+    _check(rows, width, (x_dtype, out_dtype), blocks.bwd_block_rows, "bwd_block_rows", _vec(x_dtype, out_dtype))
 
 
 def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate):
