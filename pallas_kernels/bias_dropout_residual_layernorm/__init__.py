@@ -134,7 +134,7 @@ def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, ke
         k, blocks_ = _kernels(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps,
                               interpret=interpret)
         return k.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
-                               interpret=interpret, blocks=blocks_)
+                         interpret=interpret, blocks=blocks_)
 
     y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(x, residual, bias, scale, shift, seed)
     return y, (x, bias, residual, scale, shift, seed, mean, rstd)
@@ -147,7 +147,7 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
         k, blocks_ = _kernels(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps,
                               interpret=interpret)
         return k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
-                                interpret=interpret, blocks=blocks_)
+                          interpret=interpret, blocks=blocks_)
 
     dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
                                                                             seed)
