@@ -80,6 +80,19 @@ def one_module(fn, static_argnames: tuple[str, ...]):
     return functools.wraps(fn)(jax.jit(fn, static_argnames=static_argnames))
 
 
+def per_shape(mgpu_module, triton_module, rows: int, width: int, takes):
+    """A `backend="auto"` choice for a (rows, width) shard: (`mgpu_module`, its default blocks) on Hopper or newer where
+    `takes(blocks)` raises no ValueError (the module's shape checks), else (`triton_module`, its default blocks)."""
+    if mgpu_module.supported():
+        blocks = mgpu_module.default_blocks(rows, width)
+        try:
+            takes(blocks)
+            return mgpu_module, blocks
+        except ValueError:
+            pass
+    return triton_module, triton_module.default_blocks(rows, width)
+
+
 def interpret_available() -> bool:
     """Whether `interpret=True` can run these kernels here: Mosaic GPU's interpret mode exists in this jax (private in
     0.10/0.11) and the backend is the CPU."""

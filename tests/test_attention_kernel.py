@@ -200,10 +200,10 @@ def test_mgpu_backward_lowers_one_kernel_for_all_call_sites():
 @_MGPU_INTERPRET
 @pytest.mark.parametrize("packed", [False, True])
 def test_mgpu_forward_matches_triton_forward(packed):
-    # The Mosaic GPU forward (session 19, off by default; compiled on the GPU by _GPU_CASES) in interpret mode against the Triton
-    # forward on the same inputs: the context and the base-2 logsumexp, with dropout, a length in each key half, an
-    # example with no real key, 6 heads on 3 programs; packed with the folded bias. Then forward and VJP of the whole
-    # operator with both Mosaic GPU kernels against the fp32 reference.
+    # The Mosaic GPU forward (session 19, off by default; compiled on the GPU by _GPU_CASES) in interpret mode against
+    # the Triton forward on the same inputs: the context and the base-2 logsumexp, with dropout, a length in each key
+    # half, an example with no real key, 6 heads on 3 programs; packed with the folded bias. Then forward and VJP of
+    # the whole operator with both Mosaic GPU kernels against the fp32 reference.
     blocks = dataclasses.replace(_MGPU, mgpu_fwd=True)
     mask = _mask([128, 37, 0], 128)
     if packed:

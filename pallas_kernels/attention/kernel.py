@@ -170,11 +170,9 @@ def check_inputs(q, k, v, mask, blocks: BlockSizes) -> None:
             raise ValueError(f"{name}={block} must be a power of two >= 16")
     if blocks.fused_bwd and not _is_pow2(t):
         raise ValueError(f"fused_bwd holds all T={t} keys in one tile: T must be a power of two")
-    if blocks.mgpu_bwd:
-        if not blocks.fused_bwd:
-            raise ValueError("mgpu_bwd=True is a one-kernel backward: it needs fused_bwd=True")
-        kernel_mgpu.check_shape(s, t, h, q.dtype)
-    if blocks.mgpu_fwd:
+    if blocks.mgpu_bwd and not blocks.fused_bwd:
+        raise ValueError("mgpu_bwd=True is a one-kernel backward: it needs fused_bwd=True")
+    if blocks.mgpu_bwd or blocks.mgpu_fwd:
         kernel_mgpu.check_shape(s, t, h, q.dtype)
     for name, length in (("block_q", s), ("block_q_dkv", s), ("block_q_dq", s),
                          ("block_k", t), ("block_k_dkv", t), ("block_k_dq", t)):
@@ -564,13 +562,7 @@ def _bias_args(bias, dtype):
     return (None, None) if bias is None else (bias.astype(dtype),) * 2
 
 
-def _shapes(q, k, packed: bool):
-    """(B, S, N, H, T) of unpacked q (B, S, N, H), k (B, T, N, H), or of packed qkv (B, S, 3, N, H)."""
-    if packed:
-        b, s, _, n, h = q.shape
-        return b, s, n, h, s
-    b, s, n, h = q.shape
-    return b, s, n, h, k.shape[1]
+_shapes = kernel_mgpu.shapes  # (B, S, N, H, T) of q and k, unpacked or packed
 
 
 def forward(q, k, v, code, seed, *, rate: float, blocks: BlockSizes, interpret: bool, heads: int | None = None,

@@ -1,5 +1,7 @@
-"""Mosaic GPU (Hopper+) one-kernel flash-attention backward for S = T = 128 and head width 64: the same contract as
-`kernel.backward` with the key mask, dropout, packed q/k/v, the folded Q/K/V bias and its gradient.
+"""Mosaic GPU (Hopper+) flash attention for S = T = 128 and head width 64: a one-kernel backward with the same
+contract as `kernel.backward` (the key mask, dropout, packed q/k/v, the folded Q/K/V bias and its gradient; the
+default there), and a forward with `kernel.forward`'s (opt-in, `BlockSizes.mgpu_fwd`: measured no faster, session 20),
+persistent alike.
 
 Why: at S = 128 the Triton one-kernel backward (`kernel._bwd_fused_kernel`) multiplies 32 x 128 x 64 tiles with
 synchronous mma instructions at ~100 TFLOP/s and is latency-bound (~95 us at B64 N16: kernels-h200.md, session 7);
@@ -43,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from .. import _mgpu
 from ..dropout import keep_mask_lanes
 
-__all__ = ["backward", "check_shape", "shape_ok", "supported"]
+__all__ = ["backward", "check_shape", "forward", "programs_for", "shape_ok", "shapes", "supported"]
 
 _LOG2E = math.log2(math.e)
 _PADDED = float(jnp.finfo(jnp.float32).min)  # as kernel.py
@@ -142,10 +144,26 @@ def _dropout_words(seed, heads: int):
     return words.reshape(3, 2, _HALF).transpose(1, 0, 2)
 
 
+def _load_words(words_ref, words_s, words_bar, w, interpret):
+    """Warpgroup w's seed words and row bases (`_dropout_words`) into SMEM, once per program: (the two seed words as
+    per-row (64, 64) tiles, the column iota), what `_keep` takes."""
+    plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
+    plgpu.barrier_wait(words_bar.at[w])
+    return (_per_row(words_s.at[w, 0], interpret), _per_row(words_s.at[w, 1], interpret)), _iota_cols(interpret)
+
+
 def _first_index(rowbase_ref, bi, ni, heads: int, interpret):
     """The first dropout index of each query row of head (bi, ni)'s warpgroup tile, (64, 64) uint32: its row bases
     (SMEM) plus (bi * heads + ni) * S * T."""
     return _per_row(rowbase_ref, interpret) + (bi * heads + ni).astype(jnp.uint32) * jnp.uint32(_SEQ * _SEQ)
+
+
+def _masked_scores(sc, code, scale, real=None):
+    """Base-2 scores of a (queries, key half) tile, as `kernel._scores`: real keys (code > 0, or `real` where the
+    caller has it) scaled, padded keys (code 0) at finfo.min, every key of an example without real keys (code -1)
+    at 0."""
+    real = code > 0 if real is None else real
+    return jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0))
 
 
 def _keep(seeds, first, cols, kh, rate):
@@ -211,15 +229,20 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
                          packed=packed, bias_grad=bias_grad, programs=programs)
 
 
+def shapes(q, k, packed: bool):
+    """(B, S, N, H, T) of unpacked q (B, S, N, H), k (B, T, N, H), or of packed qkv (B, S, 3, N, H) (`kernel.py`'s
+    too: it imports this module)."""
+    if packed:
+        b, s, _, n, h = q.shape
+        return b, s, n, h, s
+    b, s, n, h = q.shape
+    return b, s, n, h, k.shape[1]
+
+
 def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs):
     """What the forward and the backward both derive from their operands, checked: (b, s, n, h, heads, drop, n_heads,
     grid, extras), `extras` the operands after the mask code (the dropout words, the bias in q's dtype)."""
-    if packed:
-        b, s, _, n, h = q.shape
-        t = s
-    else:
-        b, s, n, h = q.shape
-        t = k.shape[1]
+    b, s, n, h, t = shapes(q, k, packed)
     check_shape(s, t, h, q.dtype)
     heads = n if heads is None else heads
     drop = seed is not None and rate > 0.0
@@ -276,11 +299,8 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                 plgpu.copy_gmem_to_smem(g, sm, bars.at[(slot * n_loads + j) * 2 + w])
 
         issue_loads(0, 0)
-        if drop:  # the seed words and row bases, once per program (this warpgroup's rows)
-            plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
-            plgpu.barrier_wait(words_bar.at[w])
-            seeds = (_per_row(words_s.at[w, 0], interpret), _per_row(words_s.at[w, 1], interpret))
-            cols = _iota_cols(interpret)
+        if drop:
+            seeds, cols = _load_words(words_ref, words_s, words_bar, w, interpret)
         if bias_grad:
             ones_s[...] = _ones(dtype, interpret)  # made visible by the first head's syncs
         keys = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
@@ -309,7 +329,7 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
             for kh, (sc, dp) in enumerate(((s0, dp0), (s1, dp1))):
                 code = _per_col(code_s.at[slot, keys[kh]], interpret)
                 real = code > 0
-                p = jnp.exp2(jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0)) - lse)
+                p = jnp.exp2(_masked_scores(sc, code, scale, real) - lse)
                 pd = p
                 if drop:
                     keep = _keep(seeds, first, cols, kh, rate)
@@ -433,10 +453,7 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
 
         issue_loads(0, 0)
         if drop:
-            plgpu.copy_gmem_to_smem(words_ref.at[w], words_s.at[w], words_bar.at[w])
-            plgpu.barrier_wait(words_bar.at[w])
-            seeds = (_per_row(words_s.at[w, 0], interpret), _per_row(words_s.at[w, 1], interpret))
-            cols = _iota_cols(interpret)
+            seeds, cols = _load_words(words_ref, words_s, words_bar, w, interpret)
         keys = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
 
         def step(i, carry):
@@ -453,7 +470,7 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
             xs = []
             for kh, sc in enumerate((s0, s1)):  # masked base-2 scores, as kernel._scores
                 code = _per_col(code_s.at[slot, keys[kh]], interpret)
-                xs.append(jnp.where(code > 0, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0)))
+                xs.append(_masked_scores(sc, code, scale))
             m = jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1))
             ps = [jnp.exp2(x - lax.broadcast_in_dim(m, (_HALF, _HALF), [0])) for x in xs]
             l = jnp.sum(ps[0], axis=1) + jnp.sum(ps[1], axis=1)  # the normaliser sums before dropout  # noqa: E741

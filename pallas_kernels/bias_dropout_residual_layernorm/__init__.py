@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _pallas as pk
 from .. import autotune
+from .._mgpu import per_shape
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
@@ -33,14 +34,9 @@ class _PerShape:
     def pick(x, out_dtype):
         """The kernel module for the shard `x` (rows, D) whose output is in `out_dtype`, and its default blocks."""
         rows, width = x.shape
-        if rows >= MIN_MGPU_ROWS and _k_mgpu.supported():
-            blocks = _k_mgpu.default_blocks(rows, width)
-            try:
-                _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, blocks)
-                return _k_mgpu, blocks
-            except ValueError:
-                pass
-        return _k, _k.default_blocks(rows, width)
+        if rows < MIN_MGPU_ROWS:
+            return _k, _k.default_blocks(rows, width)
+        return per_shape(_k_mgpu, _k, rows, width, lambda b: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, b))
 
 
 # The kernel modules behind the public functions (same forward/backward contract): Triton, Mosaic GPU (Hopper), or

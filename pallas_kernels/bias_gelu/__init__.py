@@ -18,7 +18,7 @@ from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
-from .._mgpu import check_rows
+from .._mgpu import check_rows, per_shape
 
 
 class _PerShape:
@@ -31,15 +31,12 @@ class _PerShape:
     def pick(x):
         """The kernel module for the shard `x` (rows, width) and its default blocks."""
         rows, width = x.shape
-        if _k_mgpu.supported():
-            b = _k_mgpu.default_blocks(rows, width)
-            try:
-                check_rows(rows, width, x.dtype, b.block_rows, "block_rows")
-                check_rows(rows, width, x.dtype, b.bwd_block_rows, "bwd_block_rows")
-                return _k_mgpu, b
-            except ValueError:
-                pass
-        return _k, _k.default_blocks(rows, width)
+
+        def takes(b):
+            check_rows(rows, width, x.dtype, b.block_rows, "block_rows")
+            check_rows(rows, width, x.dtype, b.bwd_block_rows, "bwd_block_rows")
+
+        return per_shape(_k_mgpu, _k, rows, width, takes)
 
 
 # The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, Mosaic GPU (Hopper), or the
