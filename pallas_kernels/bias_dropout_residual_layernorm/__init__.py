@@ -149,8 +149,15 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
                                                                             seed)
     if residual is not None and dres is None:
         dres = dx.astype(residual.dtype)  # no dropout: the residual's gradient is dx itself
-    total = lambda p, like: None if p is None else jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
-    return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
+    # The per-program partial sums, summed over programs by one variadic reduction: one kernel with three outputs
+    # (three sums were three launches of ~2 us at 8192 rows, a sum over their stack one launch plus three slice
+    # copies: benchmarks/results/kernels-h200.md, "Session 21").
+    parts = tuple(p for p in (dscale, dshift, dbias) if p is not None)
+    sums = jax.lax.reduce(parts, (jnp.float32(0),) * len(parts),
+                          lambda a, b: tuple(u + v for u, v in zip(a, b)), (0,))
+    dscale, dshift = sums[0].astype(scale.dtype), sums[1].astype(shift.dtype)
+    dbias = None if dbias is None else sums[2].astype(bias.dtype)
+    return (dx, dbias, dres, dscale, dshift, None)
 
 
 _op.defvjp(_fwd, _bwd)
