@@ -38,7 +38,7 @@ def _check_vjp(fused, ref, args, dtype, key, interpret=None):
         assert _rel(a, b) < TOL[dtype], f"gradient {i}: {_rel(a, b)}"
 
 
-def _bdrln_case(shape, dtype, rate, seed, interpret=None):
+def _bdrln_case(shape, dtype, rate, seed, interpret=None, **backend):
     k = jax.random.split(jax.random.key(seed), 8)
     d = shape[-1]
     x, res = (jax.random.normal(k[i], shape, dtype) for i in (0, 1))
@@ -46,7 +46,7 @@ def _bdrln_case(shape, dtype, rate, seed, interpret=None):
     scale = 1 + 0.2 * jax.random.normal(k[4], (d,))
     drop_seed = seed_from_key(k[5])
     kw = dict(seed=drop_seed, rate=rate, eps=1e-12)
-    _check_vjp(lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, interpret=interpret),
+    _check_vjp(lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, interpret=interpret, **backend),
                lambda *a: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw),
                (x, bias, res, scale, shift), dtype, k[6])
 
@@ -69,12 +69,12 @@ def test_layer_norm_matches_reference():
                (x, scale, shift), jnp.float32, k[0])
 
 
-def _bias_gelu_case(shape, dtype, rate, seed, interpret=None):
+def _bias_gelu_case(shape, dtype, rate, seed, interpret=None, **backend):
     k = jax.random.split(jax.random.key(seed), 4)
     x = 2 * jax.random.normal(k[0], shape, dtype)
     bias = jax.random.normal(k[1], (shape[-1],))
     kw = dict(seed=seed_from_key(k[2]), rate=rate)
-    _check_vjp(lambda *a: bias_gelu.bias_gelu(*a, **kw, interpret=interpret),
+    _check_vjp(lambda *a: bias_gelu.bias_gelu(*a, **kw, interpret=interpret, **backend),
                lambda *a: bias_gelu.reference.bias_gelu(*a, **kw), (x, bias), dtype, k[3])
 
 
@@ -287,6 +287,13 @@ def test_model_mlm_cross_entropy_pallas_equals_xla_and_logits():
 def test_gpu_bdrln(rows, width, dtype):
     _bdrln_case((rows, width), dtype, 0.1, seed=rows + width, interpret=False)
     _bdrln_case((rows, width), dtype, 0.0, seed=rows + width + 1, interpret=False)
+
+
+@pytest.mark.gpu
+def test_gpu_bdrln_triton_many_rows():
+    """BDRLN's Triton backward at 32768 rows, where it takes 64 rows per program (`bwd_rows_per_program`)."""
+    assert bdrln.kernel.default_blocks(32768, 1024).bwd_rows_per_program == 64
+    _bdrln_case((32768, 1024), jnp.bfloat16, 0.1, seed=3, interpret=False, backend="triton")
 
 
 @pytest.mark.gpu

@@ -36,14 +36,24 @@ class Blocks:
     bwd_num_stages: int = 1  # >1 lets Triton prefetch the next chunk of the backward's row loop
 
 
+def bwd_rows_per_program(rows: int, programs: int = 512, least: int = 16) -> int:
+    """Rows per program of the backward, which leaves per-program partial sums (G, D) for the caller to
+    sum: `least` (16: enough programs in flight at 8192 rows), growing with the rows so that about `programs`
+    partial rows are left. With 16 rows per program at 32768 rows the 2048 partial rows per gradient took 18-26 us
+    to sum (H100) and the op 164.0 vs 184.2 us on the H200 with dropout (benchmarks/results/kernels-h200.md,
+    "Session 21"). bias+GELU's backward measured equal either way and keeps 16."""
+    return max(least, pk.next_pow2(-(-rows // programs)))
+
+
 def default_blocks(rows: int, width: int) -> Blocks:
     """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): ~4096-element forward tiles, small
-    backward chunks with 16 rows per program (512 programs at 8192 rows: enough in flight to cover the latency)."""
-    del rows
+    backward chunks with 16 rows per program at 8192 rows (512 programs: enough in flight to cover the latency),
+    more at more rows (`bwd_rows_per_program`: about 512 programs, so the partial sums stay small)."""
+    rpp = bwd_rows_per_program(rows)
     if pk.next_pow2(width) <= 1024:
         return Blocks(block_rows=max(1, 4096 // pk.next_pow2(width)), num_warps=8,
-                      bwd_block_rows=2, bwd_rows_per_program=16, bwd_num_warps=4)
-    return Blocks(block_rows=1, num_warps=8, bwd_block_rows=1, bwd_rows_per_program=16, bwd_num_warps=8)
+                      bwd_block_rows=2, bwd_rows_per_program=rpp, bwd_num_warps=4)
+    return Blocks(block_rows=1, num_warps=8, bwd_block_rows=1, bwd_rows_per_program=rpp, bwd_num_warps=8)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
