@@ -26,7 +26,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
 from .._mgpu import LANES, check_rows, kernel_call, load, pipeline, split_programs, supported
-from ..dropout import keep_mask
+from ..dropout import keep_mask_lanes
 
 __all__ = ["Blocks", "backward", "check_shape", "default_blocks", "forward", "supported"]
 
@@ -44,9 +44,12 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int) -> Blocks:
-    """~32 float32 values per thread and array (8 rows of 768, 4 of 1024). Not yet tuned on the GPU."""
-    del rows
-    return Blocks(block_rows=8 if width <= 768 else 4)
+    """4 rows per step, 3 (forward) and 2 (backward) steps in flight, 2 programs per SM: the fastest or within 1.4 us
+    of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs) at 8192-32768 rows of 768
+    and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21"; 8 rows of 768 per forward
+    step, the default before, took 15.2 against 13.8 us at 8192 rows)."""
+    del rows, width
+    return Blocks()
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
@@ -87,15 +90,18 @@ class _Tile:
         """A (block_rows,) row value broadcast along D."""
         return self._cast(lax.broadcast_in_dim(s, self.shape, (0,)), self.layout)
 
-    def index(self, first, width: int):
-        """uint32 element indices (first + row) * D + col of the tile (`first` = the tile's first logical row)."""
+    def keep(self, seeds, first, width: int, rate: float):
+        """The dropout keep mask of the tile (`first` = its first logical row, uint32): `keep_mask` of the element
+        indices (first + row) * D + col, in the pair form (`keep_mask_lanes`: a row's first index is even, D being
+        a multiple of the lanes, and each thread holds `vec` consecutive columns, so the compiler can draw one hash
+        per two columns, as bias+GELU's kernel does since session 16)."""
         if self.interpret:
             r = lax.broadcast_in_dim(jnp.arange(self.shape[0], dtype=jnp.uint32), self.shape, (0,))
             c = lax.broadcast_in_dim(jnp.arange(self.shape[1], dtype=jnp.uint32), self.shape, (1,))
         else:
             r = plgpu.broadcasted_iota(jnp.uint32, self.shape, 0, layout=self.layout)
             c = plgpu.broadcasted_iota(jnp.uint32, self.shape, 1, layout=self.layout)
-        return (r + first) * jnp.uint32(width) + c
+        return keep_mask_lanes(seeds, (r + first) * jnp.uint32(width), c, rate)
 
     def zeros(self):
         return self._cast(jnp.zeros(self.shape, jnp.float32), self.layout)
@@ -132,8 +138,7 @@ def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate):
     keep = None
     if rate:
         s0, s1, offset = seeds
-        index = t.index(offset + first_row.astype(jnp.uint32), width)
-        keep = keep_mask((s0, s1), index, rate)
+        keep = t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate)
         h = jnp.where(keep, h / (1.0 - rate), 0.0)
     if res_smem is not None:
         h = h + t.load(res_smem)
