@@ -80,6 +80,20 @@ def one_module(fn, static_argnames: tuple[str, ...]):
     return functools.wraps(fn)(jax.jit(fn, static_argnames=static_argnames))
 
 
+def resolve_backend(backends: dict, backend: str, blocks) -> str:
+    """The backend name a row-wise operator runs: `backend`, checked against `backends` ("auto", "triton", "mgpu"),
+    except that with "auto" and `blocks` given the blocks' class names it (a `kernel.Blocks` runs Triton, a
+    `kernel_mgpu.Blocks` Mosaic GPU), so blocks tuned for one backend never reach the other's kernels."""
+    if backend not in backends:
+        raise ValueError(f"backend={backend!r} must be one of {tuple(backends)}")
+    if backend != "auto" or blocks is None:
+        return backend
+    for name in ("triton", "mgpu"):
+        if isinstance(blocks, backends[name].Blocks):
+            return name
+    raise ValueError(f"blocks={blocks!r} must be a kernel.Blocks (Triton) or a kernel_mgpu.Blocks (Mosaic GPU)")
+
+
 def per_shape(mgpu_module, triton_module, rows: int, width: int, takes):
     """A `backend="auto"` choice for a (rows, width) shard: (`mgpu_module`, its default blocks) on Hopper or newer where
     `takes(blocks)` raises no ValueError (the module's shape checks), else (`triton_module`, its default blocks)."""

@@ -232,7 +232,7 @@ def test_public_functions_run_the_mgpu_backend():
 
 def test_auto_backend_picks_per_shape(monkeypatch):
     """bias_gelu's default backend ("auto"): Triton off Hopper; on Hopper+ Mosaic GPU where its shape checks pass,
-    Triton where they do not (a width that is no multiple of the lanes)."""
+    Triton where they do not (a width that is no multiple of the lanes); with `blocks=`, the blocks' backend."""
     import pallas_kernels.bias_gelu as bg
     x = jnp.zeros((8192, 4096), jnp.bfloat16)
     monkeypatch.setattr(bg._k_mgpu, "supported", lambda: False)
@@ -240,8 +240,14 @@ def test_auto_backend_picks_per_shape(monkeypatch):
     monkeypatch.setattr(bg._k_mgpu, "supported", lambda: True)
     assert bg._PerShape.pick(x)[0] is bg._k_mgpu
     assert bg._PerShape.pick(jnp.zeros((1000, 1000), jnp.bfloat16))[0] is bg._k
-    with pytest.raises(ValueError, match="blocks are per backend"):
-        bg.bias_gelu(x[:8, :256], jnp.zeros((256,)), blocks=bg._k.default_blocks(8, 256))
+    # With blocks, "auto" runs the backend whose Blocks they are (as BDRLN's does); other objects are refused.
+    calls, real = [], bg._k.forward
+    monkeypatch.setattr(bg._k, "forward", lambda *a, **k: calls.append(k["blocks"]) or real(*a, **k))
+    blocks = bg._k.default_blocks(8, 256)
+    y = bg.bias_gelu(jnp.ones((8, 256)), jnp.zeros((256,)), blocks=blocks, interpret=True)
+    assert calls == [blocks] and _rel(y, bg.reference.bias_gelu(jnp.ones((8, 256)), jnp.zeros((256,)))) < 1e-6
+    with pytest.raises(ValueError, match=r"blocks=\(8, 256\) must be a kernel.Blocks"):
+        bg.bias_gelu(x[:8, :256], jnp.zeros((256,)), blocks=(8, 256))
 
 
 def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
@@ -257,7 +263,7 @@ def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     assert ln._PerShape.pick(jnp.zeros((8192, 1024), bf), bf)[0] is ln._k  # below MIN_MGPU_ROWS
     assert ln._PerShape.pick(jnp.zeros((16384, 1000), bf), bf)[0] is ln._k  # no multiple of the lanes
     x = jnp.zeros((8, 256), jnp.float32)
-    with pytest.raises(ValueError, match="must be a kernel.Blocks or kernel_mgpu.Blocks"):
+    with pytest.raises(ValueError, match=r"must be a kernel.Blocks \(Triton\) or a kernel_mgpu.Blocks"):
         ln.layer_norm(x, jnp.ones(256), jnp.zeros(256), eps=1e-12, blocks=bg_mgpu.Blocks())
 
 

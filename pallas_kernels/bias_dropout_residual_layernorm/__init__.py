@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _pallas as pk
 from .. import autotune
-from .._mgpu import per_shape
+from .._mgpu import per_shape, resolve_backend
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
@@ -64,13 +64,7 @@ def layer_norm(x, scale, ln_bias, *, eps: float, interpret: bool | None = None, 
 
 
 def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, blocks, backend):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} must be one of {tuple(BACKENDS)}")
-    if backend == "auto" and blocks is not None:  # the blocks' class names the backend
-        backend = next((name for name in ("triton", "mgpu") if isinstance(blocks, BACKENDS[name].Blocks)), None)
-        if backend is None:
-            raise ValueError(f"blocks={blocks!r} must be a kernel.Blocks or kernel_mgpu.Blocks")
-    kernels = BACKENDS[backend]
+    kernels = BACKENDS[resolve_backend(BACKENDS, backend, blocks)]
     d = x.shape[-1]
     for name, v in (("bias", bias), ("scale", scale), ("ln_bias", shift)):
         if v is not None and v.shape != (d,):

@@ -18,7 +18,7 @@ from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
-from .._mgpu import check_rows, per_shape
+from .._mgpu import check_rows, per_shape, resolve_backend
 
 
 class _PerShape:
@@ -49,14 +49,10 @@ __all__ = ["bias_gelu", "reference"]
 def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None = None, blocks=None,
               backend: str = "auto"):
     """Fused `dropout(gelu(x + bias))` over (..., F) with bias (F,); float32 math, result in x's dtype. `backend`:
-    "auto" (Mosaic GPU on Hopper+ where the shape allows, else Triton), "triton" or "mgpu". `blocks` is the chosen
-    backend's `Blocks` (not with "auto"; default: the autotuner's cached choice for the shape,
-    `pallas_kernels.autotune`, else the backend's `default_blocks`)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} must be one of {tuple(BACKENDS)}")
-    if backend == "auto" and blocks is not None:
-        raise ValueError("blocks are per backend: name backend='triton' or 'mgpu' with them")
-    kernels = BACKENDS[backend]
+    "auto" (Mosaic GPU on Hopper+ where the shape allows, else Triton), "triton" or "mgpu". `blocks`: a backend's
+    `Blocks` (with "auto", its class names the backend); default: the autotuner's cached choice for the shape,
+    `pallas_kernels.autotune`, else the backend's `default_blocks`."""
+    kernels = BACKENDS[resolve_backend(BACKENDS, backend, blocks)]
     f = x.shape[-1]
     if bias.shape != (f,):
         raise ValueError(f"bias.shape={bias.shape} must be ({f},), the last axis of x.shape={x.shape}")
