@@ -20,21 +20,26 @@ from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
 
-MIN_MGPU_ROWS = 16384
+MIN_MGPU_ROWS = 16384  # Mosaic GPU from this many rows where its backward sums columns in SMEM (1024 wide) ...
+MIN_MGPU_ROWS_REGISTER_SUMS = 8192  # ... and from this many where it sums them in registers (768 wide)
 
 
 class _PerShape:
-    """`backend="auto"` (the default): the Mosaic GPU kernels on Hopper or newer for shards of at least
-    `MIN_MGPU_ROWS` rows where they take the shape, else Triton. Measured fwd+bwd, the two alternating (session 20,
-    benchmarks/results/kernels-h200.md and kernels-h100.md; D = 768 and 1024, p = 0 and 0.1), Mosaic GPU's time over
-    Triton's: 0.83-1.00 (H200) and 0.87-1.00 (H100) at 16384 and 32768 rows, 1.05-1.29 and 1.03-1.15 at 8192 rows
-    (BERT's B64 S128 and B16 S512 on one GPU, which stay on Triton)."""
+    """`backend="auto"` (the default): the Mosaic GPU kernels on Hopper or newer where they take the shape, for shards
+    of at least `MIN_MGPU_ROWS` rows, or `MIN_MGPU_ROWS_REGISTER_SUMS` where the backward's column sums fit in
+    registers (`kernel_mgpu.default_blocks(...).bwd_register_sums`: 768 wide), else Triton. Measured: session 20's
+    alternating fwd+bwd (benchmarks/results/kernels-h200.md and kernels-h100.md; D = 768 and 1024, p = 0 and 0.1) had
+    Mosaic GPU's time at 0.83-1.00 (H200) and 0.87-1.00 (H100) of Triton's at 16384 and 32768 rows and 1.03-1.29 at
+    8192 rows, before its register sums; with them (session 21) BERT-base's train step at B64 S128 (8192 rows of 768)
+    ran 2.0-2.8% faster on Mosaic GPU (H200, alternating). 8192 rows of 1024 (BERT-large) stay on Triton: device time
+    puts the two within 3%, which the step does not resolve."""
 
     @staticmethod
     def pick(x, out_dtype):
         """The kernel module for the shard `x` (rows, D) whose output is in `out_dtype`, and its default blocks."""
         rows, width = x.shape
-        if rows < MIN_MGPU_ROWS:
+        register_sums = _k_mgpu.default_blocks(rows, width).bwd_register_sums
+        if rows < (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS):
             return _k, _k.default_blocks(rows, width)
         return per_shape(_k_mgpu, _k, rows, width, lambda b: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, b))
 
@@ -49,8 +54,8 @@ __all__ = ["bias_dropout_residual_layernorm", "layer_norm", "reference"]
 def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, rate: float, eps: float,
                                     interpret: bool | None = None, blocks=None, backend: str = "auto"):
     """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function.
-    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 16384 rows where the shape allows, else Triton:
-    `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class names the backend);
+    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 16384 rows, >= 8192 at 768 wide, where the shape
+    allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class names the backend);
     default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the backend's
     `default_blocks`."""
     return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks,
@@ -143,15 +148,11 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
                                                                             seed)
     if residual is not None and dres is None:
         dres = dx.astype(residual.dtype)  # no dropout: the residual's gradient is dx itself
-    # The per-program partial sums, summed over programs by one variadic reduction: one kernel with three outputs
-    # (three sums were three launches of ~2 us at 8192 rows, a sum over their stack one launch plus three slice
-    # copies: benchmarks/results/kernels-h200.md, "Session 21").
-    parts = tuple(p for p in (dscale, dshift, dbias) if p is not None)
-    sums = jax.lax.reduce(parts, (jnp.float32(0),) * len(parts),
-                          lambda a, b: tuple(u + v for u, v in zip(a, b)), (0,))
-    dscale, dshift = sums[0].astype(scale.dtype), sums[1].astype(shift.dtype)
-    dbias = None if dbias is None else sums[2].astype(bias.dtype)
-    return (dx, dbias, dres, dscale, dshift, None)
+    # Three sums of the per-program partials. One variadic `lax.reduce` with three outputs saved 2-3 us per call at
+    # 8192 rows (one launch, not three; H100) but nothing in the train step, and on a pipeline x data mesh the SPMD
+    # partitioner all-gathered around it (20 all-gathers in tests/test_pipeline.py; session 21).
+    total = lambda p, like: None if p is None else jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
+    return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
 
 
 _op.defvjp(_fwd, _bwd)
