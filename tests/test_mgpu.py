@@ -6,6 +6,7 @@ with the TMA pipeline replaced by a plain loop (see `pallas_kernels._mgpu.pipeli
 them (Hopper or newer only; skipped elsewhere) on BERT shapes.
 """
 
+import dataclasses
 import functools
 import warnings
 
@@ -142,8 +143,10 @@ def _bdrln_case(rows, width, dtype, rate, row_offset, *, plain=False, interpret,
 ])
 def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
-    blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2)
-    _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
+    for in_registers in (False, True):  # the backward's column sums in SMEM tiles or as register carries
+        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2,
+                                bwd_register_sums=in_registers)
+        _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
 @pytest.mark.gpu
@@ -152,6 +155,9 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     (8192, 768, 0.1, False), (8192, 1024, 0.0, False), (32768, 1024, 0.1, False), (8192, 1024, 0.0, True)])
 def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
+    other = dataclasses.replace(ln_mgpu.default_blocks(rows, width),
+                                bwd_register_sums=not ln_mgpu.default_blocks(rows, width).bwd_register_sums)
+    _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 
 # ------------------------------------------------------------------------------------- lowering, on any machine
@@ -252,7 +258,8 @@ def test_auto_backend_picks_per_shape(monkeypatch):
 
 def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     """BDRLN's default backend ("auto"): Triton off Hopper; on Hopper+ Mosaic GPU for shards of >= MIN_MGPU_ROWS rows
-    where its shape checks pass (measured faster there, session 20), Triton below that or where they fail."""
+    (>= MIN_MGPU_ROWS_REGISTER_SUMS at 768 wide) where its shape checks pass (measured faster there, sessions 20-21),
+    Triton below that or where they fail."""
     import pallas_kernels.bias_dropout_residual_layernorm as ln
     bf = jnp.bfloat16
     monkeypatch.setattr(ln._k_mgpu, "supported", lambda: False)
@@ -261,6 +268,8 @@ def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     assert ln._PerShape.pick(jnp.zeros((16384, 1024), bf), bf)[0] is ln._k_mgpu
     assert ln._PerShape.pick(jnp.zeros((32768, 768), bf), jnp.float32)[0] is ln._k_mgpu
     assert ln._PerShape.pick(jnp.zeros((8192, 1024), bf), bf)[0] is ln._k  # below MIN_MGPU_ROWS
+    assert ln._PerShape.pick(jnp.zeros((8192, 768), bf), bf)[0] is ln._k_mgpu  # register sums: from 8192 rows
+    assert ln._PerShape.pick(jnp.zeros((4096, 768), bf), bf)[0] is ln._k
     assert ln._PerShape.pick(jnp.zeros((16384, 1000), bf), bf)[0] is ln._k  # no multiple of the lanes
     x = jnp.zeros((8, 256), jnp.float32)
     with pytest.raises(ValueError, match=r"must be a kernel.Blocks \(Triton\) or a kernel_mgpu.Blocks"):
@@ -297,6 +306,7 @@ def test_bdrln_auto_backend_runs_what_it_picks(monkeypatch):
     import pallas_kernels.bias_dropout_residual_layernorm as ln
     monkeypatch.setattr(ln._k_mgpu, "supported", lambda: True)
     monkeypatch.setattr(ln, "MIN_MGPU_ROWS", 8)
+    monkeypatch.setattr(ln, "MIN_MGPU_ROWS_REGISTER_SUMS", 8)
     _bdrln_auto_case(monkeypatch, 8, jnp.float32,
                      [None, ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2)])
 

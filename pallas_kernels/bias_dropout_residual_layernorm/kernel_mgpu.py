@@ -9,9 +9,10 @@ contiguous bytes and the row statistics (mean, variance, and the backward's two 
 one warp, no SMEM and no barrier. Row statistics (R,) float32 are stored straight from registers to GMEM (a TMA box
 of 4 floats would break SMEM's 128-byte alignment). Backward: inputs stream through the TMA pipeline as above, the
 next tile's (mean, rstd) are prefetched from GMEM as a loop carry, dx and d_residual go from registers straight to
-GMEM; the scale/shift/bias gradients are summed elementwise over the program's tiles in an SMEM (block_rows, D)
-float32 accumulator each (registers are full with the tile), folded over rows once per program (read back row by
-row) and written as one partial row per program.
+GMEM; the scale/shift/bias gradients are summed elementwise over the program's tiles, as register loop carries
+where they fit (`Blocks.bwd_register_sums`: 768 wide) or in an SMEM (block_rows, D) float32 accumulator each (1024
+wide, where registers are full with the tile), folded over rows once per program (read back row by row from SMEM)
+and written as one partial row per program.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Blocks:
     bwd_block_rows: int = 4
     bwd_max_concurrent_steps: int = 2
     bwd_programs: int = 264
+    bwd_register_sums: bool = False  # the backward's column sums as register loop carries instead of SMEM tiles
     approx_math: bool = False
 
 
@@ -47,9 +49,12 @@ def default_blocks(rows: int, width: int) -> Blocks:
     """4 rows per step, 3 (forward) and 2 (backward) steps in flight, 2 programs per SM: the fastest or within 1.4 us
     of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs) at 8192-32768 rows of 768
     and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21"; 8 rows of 768 per forward
-    step, the default before, took 15.2 against 13.8 us at 8192 rows)."""
-    del rows, width
-    return Blocks()
+    step, the default before, took 15.2 against 13.8 us at 8192 rows). The backward's column sums in registers where
+    they take at most 72 per thread (3 x 4 rows x 768 / 128 threads): 10-35% less backward time at 768 wide, 3-27%
+    more at 1024 (96 per thread; the same run, p = 0 and 0.1)."""
+    del rows
+    blocks = Blocks()
+    return dataclasses.replace(blocks, bwd_register_sums=3 * blocks.bwd_block_rows * width // 128 <= 72)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
@@ -232,15 +237,17 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         b = t.param(b_gmem) if has_bias else None
         g = t.param(s_gmem)
         seeds = _seeds(seed_gmem, rate)
-        for k in range(n_acc):
-            t.store(acc_smem.at[k], t.zeros())
+        in_registers = blocks.bwd_register_sums
+        if not in_registers:
+            for k in range(n_acc):
+                t.store(acc_smem.at[k], t.zeros())
 
         def stats(tile_index):  # (mean, rstd) of one tile's rows, straight from GMEM
             rows_ = pl.ds(tile_index * br, br)
             return t.stat(mean_gmem.at[rows_]), t.stat(rstd_gmem.at[rows_])
 
         def step(idx, *smem_and_carry):
-            *smem, (mean_, rstd_) = smem_and_carry
+            *smem, ((mean_, rstd_), sums) = smem_and_carry
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
@@ -264,15 +271,21 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             t.store(dx_gmem.at[rows_], dx.astype(dx_gmem.dtype))
             if dres_gmem is not None:
                 t.store(dres_gmem.at[rows_], dh.astype(dres_gmem.dtype))
-            for k, v in enumerate((d * xhat, d, dx)[:n_acc]):
+            terms = (d * xhat, d, dx)[:n_acc]
+            if in_registers:
+                return next_stats, tuple(s_ + v for s_, v in zip(sums, terms))
+            for k, v in enumerate(terms):
                 t.store(acc_smem.at[k], t.load(acc_smem.at[k]) + v)
-            return next_stats
+            return next_stats, sums
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         ins = [x_gmem] + ([r_gmem] if has_res else []) + [dy_gmem]
-        pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[],
-                 max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
-                 init_carry=stats(p * steps))(*ins)
+        zeros = tuple(t.zeros() for _ in range(n_acc)) if in_registers else ()
+        _, sums = pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[],
+                           max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
+                           init_carry=(stats(p * steps), zeros))(*ins)
+        for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
+            t.store(acc_smem.at[k], s_)
         # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
         # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the last store's barrier orders this.
         for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
