@@ -55,9 +55,9 @@ def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, 
                                     interpret: bool | None = None, blocks=None, backend: str = "auto"):
     """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function.
     `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 16384 rows, >= 8192 at 768 wide, where the shape
-    allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class names the backend);
-    default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the backend's
-    `default_blocks`."""
+    allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class
+    names the backend); default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the
+    backend's `default_blocks`."""
     return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks,
                   backend=backend)
 

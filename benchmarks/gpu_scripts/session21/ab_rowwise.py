@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--impls", default="", help="only these implementations (comma-separated; xla always runs)")
     ap.add_argument("--sweep", action="store_true", help="BDRLN's Mosaic GPU kernels under each candidate Blocks "
                     "(rows per step 4/8, steps in flight 2/3/4, 132/264 programs; forward and backward alike)")
+    ap.add_argument("--register-sums", action="store_true", help="BDRLN's Mosaic GPU kernels also with the other "
+                    "setting of `bwd_register_sums`")
     ap.add_argument("--copies", action="store_true", help="device time of copies of each operator's forward and "
                     "backward bytes (fp32 x + 1 over half the bytes), the size-matched copy rate")
     a = ap.parse_args()
@@ -167,9 +169,15 @@ def main():
                     old = dataclasses.replace(tri, bwd_rows_per_program=16)
                     impls.append(("triton rpp=16", lambda *t, f=fused, b=old: f(*t, backend="triton", blocks=b)))
                 impls.append(("mgpu", lambda *t, f=fused: f(*t, backend="mgpu")))
+                if op == "bdrln" and a.register_sums:  # the backward's column sums as register carries (and not)
+                    from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu
+                    base = kernel_mgpu.default_blocks(rows, d)
+                    other = dataclasses.replace(base, bwd_register_sums=not base.bwd_register_sums)
+                    impls.append((f"mgpu register_sums={other.bwd_register_sums}",
+                                  lambda *t, f=fused, b=other: f(*t, backend="mgpu", blocks=b)))
                 xla = None
                 for name, fn in impls:
-                    if a.impls and name != "xla" and name not in a.impls.split(","):
+                    if a.impls and name != "xla" and name.split()[0] not in a.impls.split(","):
                         continue
                     total, fwd, bwd, other = split(cold_profile(_grads_as_carry(fn, len(args)), args, a.calls),
                                                    a.calls)
