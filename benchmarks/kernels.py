@@ -63,7 +63,7 @@ def copy_bandwidth(repeats, scale=1):
     the same bytes (3199 vs 4077 GB/s; PyTorch's device copy 4192; on an H100 5-13% slower), so the bf16 probe that
     sessions 1-19 divided by understated the copy bandwidth and overstated every "% of copy BW"
     (benchmarks/results/kernels-h200.md, session 20). Device time, not a timed chain: on an H200 the chain read 3291,
-    3749 and 4684 GB/s in three processes and the device time 4248-4253 in four (session 21), so the
+    3749 and 4684 GB/s in three processes and the device time 4230-4261 in seven (session 21), so the
     percentages against it are conservative for the timed operators (their time includes launch gaps).
     """
     x = jax.random.normal(jax.random.key(0), (64 * 1024 * 1024 // scale,), jnp.float32)  # 256 MB
