@@ -155,8 +155,8 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     (8192, 768, 0.1, False), (8192, 1024, 0.0, False), (32768, 1024, 0.1, False), (8192, 1024, 0.0, True)])
 def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
-    other = dataclasses.replace(ln_mgpu.default_blocks(rows, width),
-                                bwd_register_sums=not ln_mgpu.default_blocks(rows, width).bwd_register_sums)
+    default = ln_mgpu.default_blocks(rows, width)  # and the other place for the backward's column sums
+    other = dataclasses.replace(default, bwd_register_sums=not default.bwd_register_sums)
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

@@ -135,7 +135,9 @@ def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, ke
     return y, (x, bias, residual, scale, shift, seed, mean, rstd)
 
 
-def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
+def _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy):
+    """The backward kernels per batch shard: dx, d_residual and the per-program partial sums (G, D) of d_scale,
+    d_shift and d_bias (None without a bias)."""
     x, bias, residual, scale, shift, seed, mean, rstd = res
 
     def run(row_offset, x, residual, mean, rstd, dy, bias, scale, seed):
@@ -148,6 +150,12 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
                                                                             seed)
     if residual is not None and dres is None:
         dres = dx.astype(residual.dtype)  # no dropout: the residual's gradient is dx itself
+    return dx, dres, dscale, dshift, dbias
+
+
+def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
+    _, bias, _, scale, shift, *_ = res
+    dx, dres, dscale, dshift, dbias = _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy)
     # Three sums of the per-program partials. One variadic `lax.reduce` with three outputs saved 2-3 us per call at
     # 8192 rows (one launch, not three; H100) but nothing in the train step, and on a pipeline x data mesh the SPMD
     # partitioner all-gathered around it (20 all-gathers in tests/test_pipeline.py; session 21).

@@ -54,7 +54,7 @@ def default_blocks(rows: int, width: int) -> Blocks:
     more at 1024 (96 per thread; the same run, p = 0 and 0.1)."""
     del rows
     blocks = Blocks()
-    return dataclasses.replace(blocks, bwd_register_sums=3 * blocks.bwd_block_rows * width // 128 <= 72)
+    return dataclasses.replace(blocks, bwd_register_sums=3 * blocks.bwd_block_rows * width // _mgpu.WARPGROUP <= 72)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:

@@ -4,8 +4,8 @@ per variant so that every kernel compiles afresh:
 - `--mask element|pair`: the Mosaic GPU kernel's dropout mask per element (`keep_mask`, as shipped) or in the pair
   form (`keep_mask_lanes`, one hash per two columns, as bias+GELU's Mosaic GPU kernel since session 16);
 - `--reduce three|stack|variadic`: the backward's three per-program partial sums (d_scale, d_shift, d_bias) summed
-  by three XLA reductions (as shipped), by one over their stack (run 1-2's "one"), or by one variadic `lax.reduce`
-  with three outputs (this session's code);
+  by three XLA reductions (as shipped, and main's again since 16f22c6), by one over their stack (run 1-2's "one"),
+  or by one variadic `lax.reduce` with three outputs (64040c5, reverted; runs 3-14 had it);
 - `--rpp 16,64`: Triton rows per backward program (the partial sums have rows / rpp rows); default blocks if absent.
 
     PYTHONPATH=. python benchmarks/gpu_scripts/session21/ab_bdrln.py --mask pair --reduce variadic [--rates 0.1]
@@ -16,11 +16,11 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from benchmarks.kernels import _grads_as_carry, copy_bandwidth, per_iteration, profile_kernels
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
-from pallas_kernels import _pallas as pk
 from pallas_kernels.bias_dropout_residual_layernorm import kernel as bdrln_triton, kernel_mgpu
 from pallas_kernels.dropout import keep_mask, seed_from_key
 
@@ -34,42 +34,24 @@ def _keep_per_element(self, seeds, first, width, rate):
     return keep_mask(seeds, (r + first) * jnp.uint32(width) + c, rate)
 
 
-_three_sums = True
+def _bwd_summed_by(sums):
+    """BDRLN's `_bwd` with its per-program partial sums summed by `sums` ([partials] -> [totals]) instead of three
+    XLA sums (main's form, the `three` variant)."""
+    def bwd(rate, eps, interpret, blocks, kernels, res, dy):
+        _, bias, _, scale, shift, *_ = res
+        dx, dres, *parts = bdrln._bwd_partials(rate, eps, interpret, blocks, kernels, res, dy)
+        totals = iter(sums([p for p in parts if p is not None]))
+        dscale, dshift, dbias = (None if p is None else next(totals) for p in parts)
+        cast = lambda t, like: None if t is None else t.astype(like.dtype)  # noqa: E731
+        return (dx, cast(dbias, bias), dres, cast(dscale, scale), cast(dshift, shift), None)
+    return bwd
 
 
-def _bwd_three(rate, eps, interpret, blocks, kernels, res, dy):
-    """29c03cd's `_bwd`: three separate sums of the partials."""
-    x, bias, residual, scale, shift, seed, mean, rstd = res
-
-    def run(row_offset, x, residual, mean, rstd, dy, bias, scale, seed):
-        k, blocks_ = bdrln._kernels(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps,
-                                    interpret=interpret)
-        return k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
-                          interpret=interpret, blocks=blocks_)
-
-    dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
-                                                                            seed)
-    if residual is not None and dres is None:
-        dres = dx.astype(residual.dtype)
-    if not _three_sums:
-        parts = [p for p in (dscale, dshift, dbias) if p is not None]
-        sums = list(jnp.sum(jnp.stack(parts), axis=1))
-        dscale, dshift = sums[0], sums[1]
-        dbias = None if dbias is None else sums[2]
-
-    def total(p, like):
-        if p is None:
-            return None
-        return (jnp.sum(p, axis=0) if p.ndim == 2 else p).astype(like.dtype)
-
-    return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
-
-
-def _bwd_stack(rate, eps, interpret, blocks, kernels, res, dy):
-    """Runs 1-2's "one": `_bwd_three`'s partials summed over their stack (one reduction, three slices)."""
-    global _three_sums
-    _three_sums = False
-    return _bwd_three(rate, eps, interpret, blocks, kernels, res, dy)
+# The reverted forms: one sum over the partials' stack (runs 1-2's "one": one reduction, three slice copies), and one
+# variadic `lax.reduce` with three outputs (64040c5, reverted in 16f22c6).
+SUMS = {"stack": lambda ps: list(jnp.sum(jnp.stack(ps), axis=1)),
+        "variadic": lambda ps: list(lax.reduce(tuple(ps), (jnp.float32(0),) * len(ps),
+                                               lambda a, b: tuple(u + v for u, v in zip(a, b)), (0,)))}
 
 
 def main():
@@ -86,8 +68,8 @@ def main():
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
     if a.mask == "element":
         kernel_mgpu._Tile.keep = _keep_per_element
-    if a.reduce != "variadic":
-        bdrln._op.defvjp(bdrln._fwd, _bwd_three if a.reduce == "three" else _bwd_stack)
+    if a.reduce != "three":
+        bdrln._op.defvjp(bdrln._fwd, _bwd_summed_by(SUMS[a.reduce]))
     bw = copy_bandwidth(a.repeats) if not a.profile else float("nan")
     print(f"# mask={a.mask} reduce={a.reduce}; {jax.__version__} {jax.devices()[0].device_kind}; "
           f"copy {bw / 1e9:.0f} GB/s (fp32 probe)", flush=True)

@@ -16,7 +16,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_c
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.kernels import _grads_as_carry, copy_bandwidth  # noqa: E402
+from benchmarks.kernels import _grads_as_carry, copy_bandwidth, per_iteration  # noqa: E402
 from jaxformer.hlo_profile import profile_compiled  # noqa: E402
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln  # noqa: E402
 import pallas_kernels.bias_gelu as bias_gelu  # noqa: E402
@@ -25,6 +25,7 @@ from pallas_kernels.bias_gelu import kernel as bias_gelu_triton  # noqa: E402
 from pallas_kernels.dropout import seed_from_key  # noqa: E402
 
 ROTATE = 180 * 2**20
+COPY_BYTES = 256 * 2**20  # the copy probe's buffer
 SHAPES = {"bdrln": ((8192, 768), (8192, 1024), (16384, 768), (16384, 1024), (32768, 768), (32768, 1024)),
           "bias_gelu": ((8192, 3072), (8192, 4096), (32768, 4096))}
 
@@ -38,12 +39,17 @@ def cold_profile(fn, args, calls):
     return profile_compiled(compiled, (next(it),), calls, carry=lambda out, a: (next(it),), by="both", log=lambda m: 0)
 
 
-def copy_device_time(calls):
-    """Device time (us per call) and GB/s of XLA's fp32 `x + 1` over 256 MB (the copy probe of benchmarks/kernels.py),
-    rotated over two buffers like the operators' inputs."""
-    x = jax.random.normal(jax.random.key(0), (64 * 1024 * 1024,), jnp.float32)
-    us = sum(cold_profile(lambda a: (a[0] + 1,), (x,), calls).values()) / calls / 1e3
-    return us, 2 * x.nbytes / (us * 1e-6) / 1e9
+def copy_device_time():
+    """Device time (us per call) and GB/s of the copy probe (`benchmarks.kernels.copy_bandwidth`: XLA's fp32 `x + 1`
+    over 256 MB, two buffers alternating, device time on a GPU)."""
+    gbs = copy_bandwidth(5) / 1e9
+    return 2 * COPY_BYTES / gbs / 1e3, gbs
+
+
+def copy_chain_bandwidth():
+    """GB/s of the same probe timed as a chain (what `copy_bandwidth` returned before 40f2947)."""
+    x = jax.random.normal(jax.random.key(0), (COPY_BYTES // 4,), jnp.float32)
+    return 2 * x.nbytes / per_iteration(lambda x: (x[0] + 1,), (x,), 5) / 1e9
 
 
 def split(times, calls):
@@ -60,7 +66,7 @@ def copies(a):
     backward) kernel moves, rotated like the operators; the sum over both, against the operator's two kernels."""
     sizes = {"bdrln": lambda r, d: (3 * r * d * 2, 5 * r * d * 2), "bias_gelu": lambda r, d: (2 * r * d * 2,
                                                                                                3 * r * d * 2)}
-    big_us, big_gbs = copy_device_time(a.calls)
+    big_us, big_gbs = copy_device_time()
     print(f"# {jax.__version__} {jax.devices()[0].device_kind}; 256 MB fp32 copy {big_us:.1f} us, {big_gbs:.0f} GB/s "
           f"(device time); size-matched copies, device time per call, us, {a.calls} calls on rotated inputs",
           flush=True)
@@ -79,6 +85,13 @@ def copies(a):
                   f"{total / (sum(us) * 1e-6) / 1e9:.0f} |", flush=True)
 
 
+def bdrln_inputs(key, rows, d):
+    """(x, bias, residual, scale, shift) of a (rows, d) BDRLN shard: bf16 activations, float32 parameters."""
+    x, res = (jax.random.normal(key[i], (rows, d), jnp.bfloat16) for i in (0, 1))
+    bias, shift = (jax.random.normal(key[i], (d,)) for i in (2, 3))
+    return x, bias, res, 1 + 0.1 * jax.random.normal(key[4], (d,)), shift
+
+
 def sweep(a):
     """Device time of BDRLN's Mosaic GPU forward and backward kernels per candidate block size, p = 0.1."""
     from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu
@@ -91,9 +104,7 @@ def sweep(a):
     for rows, d in SHAPES["bdrln"]:
         if a.shapes and f"{rows}x{d}" not in a.shapes.split(","):
             continue
-        x, res = (jax.random.normal(key[i], (rows, d), jnp.bfloat16) for i in (0, 1))
-        bias, shift = (jax.random.normal(key[i], (d,)) for i in (2, 3))
-        scale = 1 + 0.1 * jax.random.normal(key[4], (d,))
+        args = bdrln_inputs(key, rows, d)
         default = kernel_mgpu.default_blocks(rows, d)
         for br, k, p in itertools.product((4, 8), (2, 3, 4), (132, 264)):
             blocks = dataclasses.replace(default, block_rows=br, max_concurrent_steps=k, programs=p,
@@ -102,7 +113,7 @@ def sweep(a):
                 *t, seed=seed, rate=0.1, eps=1e-12, backend="mgpu", blocks=b), 5)
             mark = " (default)" if blocks == default else ""
             try:
-                _, fwd, bwd, _ = split(cold_profile(fn, (x, bias, res, scale, shift), a.calls), a.calls)
+                _, fwd, bwd, _ = split(cold_profile(fn, args, a.calls), a.calls)
                 print(f"| {rows}x{d} | {br} | {k} | {p}{mark} | {fwd:.1f} | {bwd:.1f} |", flush=True)
             except Exception as e:  # e.g. more shared memory than an SM has
                 print(f"| {rows}x{d} | {br} | {k} | {p}{mark} | failed: {type(e).__name__}: {str(e)[:80]} | |",
@@ -127,10 +138,10 @@ def main():
         return sweep(a)
     if a.copies:
         return copies(a)
-    copy_us, copy_gbs = copy_device_time(a.calls)
+    copy_us, copy_gbs = copy_device_time()
     bw = copy_gbs * 1e9
     print(f"# copy probe (fp32 x + 1, 256 MB): device time {copy_us:.1f} us per call, {copy_gbs:.0f} GB/s; "
-          f"the same timed as a chain: {copy_bandwidth(5) / 1e9:.0f} GB/s; percentages below against the device time")
+          f"the same timed as a chain: {copy_chain_bandwidth():.0f} GB/s; percentages below against the device time")
     print(f"# {jax.__version__} {jax.devices()[0].device_kind}; copy {bw / 1e9:.0f} GB/s (fp32 probe); device time "
           f"per call, us, {a.calls} calls on rotated inputs", flush=True)
     print("| op | shape | p | impl | total | fwd kernel | bwd kernel | other (sums, copies) | % of copy BW | vs XLA |")
@@ -141,16 +152,11 @@ def main():
         for rows, d in SHAPES[op]:
             if a.shapes and f"{rows}x{d}" not in a.shapes.split(","):
                 continue
-            x = jax.random.normal(key[0], (rows, d), jnp.bfloat16)
-            bias = jax.random.normal(key[2], (d,))
             if op == "bdrln":
-                res = jax.random.normal(key[1], (rows, d), jnp.bfloat16)
-                shift = jax.random.normal(key[3], (d,))
-                scale = 1 + 0.1 * jax.random.normal(key[4], (d,))
-                args = (x, bias, res, scale, shift)
+                args = bdrln_inputs(key, rows, d)
                 tri = bdrln_triton.default_blocks(rows, d)
             else:
-                args = (x, bias)
+                args = (jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,)))
                 tri = bias_gelu_triton.default_blocks(rows, d)
             for rate in (float(r) for r in a.rates.split(",")):
                 if op == "bdrln":

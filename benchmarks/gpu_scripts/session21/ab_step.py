@@ -1,22 +1,29 @@
-"""Session 21: a script (the train step) run with BDRLN's partial sums summed as 29c03cd did (three XLA sums) or as
-this session's code does (one variadic reduction), or with BDRLN's "auto" backend taking Mosaic GPU from 8192 rows
-(`rows8192`; the default takes it from 16384), to A/B the step:
+"""Session 21: a script (the train step) run with BDRLN patched, to A/B the step. MODES, comma-separated:
 
-    PYTHONPATH=. python benchmarks/gpu_scripts/session21/ab_step.py MODE benchmarks/train_step.py ARGS...
+- `main`: nothing patched (three XLA sums of the partials; Mosaic GPU from 16384 rows, 8192 at 768 wide);
+- `variadic`: the partial sums by one variadic `lax.reduce` (64040c5, reverted; run 9 compared it with three sums,
+  run 14 had it in both arms);
+- `triton8192`: the `"auto"` backend's rule before 9728121, Triton below 16384 rows at every width (run 14's first arm);
+- `rows8192`: Mosaic GPU from 8192 rows at every width (run 14's second arm, whose tree had register sums at 768).
+
+    PYTHONPATH=. python benchmarks/gpu_scripts/session21/ab_step.py MODES benchmarks/train_step.py ARGS...
 """
 import runpy
 import sys
 
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
-from benchmarks.gpu_scripts.session21.ab_bdrln import _bwd_three
+from benchmarks.gpu_scripts.session21.ab_bdrln import SUMS, _bwd_summed_by
 
 if __name__ == "__main__":
-    mode = sys.argv[1]
-    if mode not in ("three", "variadic", "rows8192"):
-        raise SystemExit(f"mode={mode!r} must be 'three', 'variadic' or 'rows8192'")
-    if mode == "three":
-        bdrln._op.defvjp(bdrln._fwd, _bwd_three)
-    if mode == "rows8192":
-        bdrln.MIN_MGPU_ROWS = 8192
+    modes = sys.argv[1].split(",")
+    unknown = set(modes) - {"main", "variadic", "triton8192", "rows8192"}
+    if unknown:
+        raise SystemExit(f"modes {sorted(unknown)} must be among main, variadic, triton8192, rows8192")
+    if "variadic" in modes:
+        bdrln._op.defvjp(bdrln._fwd, _bwd_summed_by(SUMS["variadic"]))
+    if "triton8192" in modes:
+        bdrln.MIN_MGPU_ROWS_REGISTER_SUMS = bdrln.MIN_MGPU_ROWS
+    if "rows8192" in modes:
+        bdrln.MIN_MGPU_ROWS = bdrln.MIN_MGPU_ROWS_REGISTER_SUMS = 8192
     sys.argv = sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
