@@ -31,9 +31,8 @@ written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epi
 (Mosaic GPU, `BlockSizes.mgpu_bwd`, persistent over the heads since session 19; measured faster on the H200 and
 H100, session 18, and again on the H200, session 19); elsewhere all Triton. The forward stays Triton's: its Mosaic
 GPU form (`BlockSizes.mgpu_fwd`, opt-in) showed no gain in timed chains or the train step (session 20).
-(****) On Hopper-or-newer GPUs, for shards of >= 16384 rows (>= 8192 at 768 wide) where its shape checks pass, the
-Mosaic GPU version (`bdrln/kernel_mgpu.py`; `backend="auto"`, the default, sessions 20-21); at BERT-large's one-GPU
-shapes (8192 rows of 1024) Triton's.
+(****) On Hopper-or-newer GPUs, for shards of >= 8192 rows at 768 and 1024 wide (>= 16384 at wider shapes) where its
+shape checks pass, the Mosaic GPU version (`bdrln/kernel_mgpu.py`; `backend="auto"`, the default, sessions 20-22).
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
@@ -41,9 +40,9 @@ Benchmarks and the reasons for each choice: benchmarks/results/kernels-<gpu>.md.
 BDRLN and bias+GELU exist (`pallas_kernels/*/kernel_mgpu.py`). bias+GELU's default backend ("auto") runs them on
 Hopper-or-newer GPUs where the shape allows (measured faster than its Triton kernels at every BERT shape on an
 H200) and the Triton ones elsewhere; BDRLN's and layer_norm's ("auto" too, since session 20) run them on shards of
->= 16384 rows (measured 0-17% faster there on an H200 and an H100), and from 8192 rows at 768 wide, where their
-backward keeps its column sums in registers (BERT-base's train step 2.0-2.8% faster, session 21); Triton's below
-(BERT-large's B64 S128 and B16 S512 on one GPU).
+>= 16384 rows (measured 0-17% faster there on an H200 and an H100), and from 8192 rows at 768 and 1024 wide, where
+their backward carries column sums in registers (BERT-base's train step 2.0-2.8% faster, session 21; at 8192 rows of
+1024, BERT-large's B64 S128 and B16 S512 on one GPU, 6% less device time than Triton's, session 22); Triton's below.
 """
 
 from __future__ import annotations

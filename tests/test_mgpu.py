@@ -143,9 +143,8 @@ def _bdrln_case(rows, width, dtype, rate, row_offset, *, plain=False, interpret,
 ])
 def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
-    for in_registers in (False, True):  # the backward's column sums in SMEM tiles or as register carries
-        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2,
-                                bwd_register_sums=in_registers)
+    for n_reg in (0, 2, 3):  # how many of the backward's column sums are register carries (the rest SMEM tiles)
+        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -155,9 +154,10 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     (8192, 768, 0.1, False), (8192, 1024, 0.0, False), (32768, 1024, 0.1, False), (8192, 1024, 0.0, True)])
 def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
-    default = ln_mgpu.default_blocks(rows, width)  # and the other place for the backward's column sums
-    other = dataclasses.replace(default, bwd_register_sums=not default.bwd_register_sums)
-    _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
+    default = ln_mgpu.default_blocks(rows, width)  # and every other split of the column sums (registers / SMEM)
+    for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:
+        other = dataclasses.replace(default, bwd_register_sums=n_reg)
+        _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 
 # ------------------------------------------------------------------------------------- lowering, on any machine
@@ -258,8 +258,8 @@ def test_auto_backend_picks_per_shape(monkeypatch):
 
 def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     """BDRLN's default backend ("auto"): Triton off Hopper; on Hopper+ Mosaic GPU for shards of >= MIN_MGPU_ROWS rows
-    (>= MIN_MGPU_ROWS_REGISTER_SUMS at 768 wide) where its shape checks pass (measured faster there, sessions 20-21),
-    Triton below that or where they fail."""
+    (>= MIN_MGPU_ROWS_REGISTER_SUMS where its backward carries column sums in registers: 768 and 1024 wide) where its
+    shape checks pass (measured faster there, sessions 20-22), Triton below that or where they fail."""
     import pallas_kernels.bias_dropout_residual_layernorm as ln
     bf = jnp.bfloat16
     monkeypatch.setattr(ln._k_mgpu, "supported", lambda: False)
@@ -267,9 +267,11 @@ def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     monkeypatch.setattr(ln._k_mgpu, "supported", lambda: True)
     assert ln._PerShape.pick(jnp.zeros((16384, 1024), bf), bf)[0] is ln._k_mgpu
     assert ln._PerShape.pick(jnp.zeros((32768, 768), bf), jnp.float32)[0] is ln._k_mgpu
-    assert ln._PerShape.pick(jnp.zeros((8192, 1024), bf), bf)[0] is ln._k  # below MIN_MGPU_ROWS
-    assert ln._PerShape.pick(jnp.zeros((8192, 768), bf), bf)[0] is ln._k_mgpu  # register sums: from 8192 rows
+    assert ln._PerShape.pick(jnp.zeros((8192, 1024), bf), bf)[0] is ln._k_mgpu  # register sums: from 8192 rows
+    assert ln._PerShape.pick(jnp.zeros((8192, 768), bf), bf)[0] is ln._k_mgpu
     assert ln._PerShape.pick(jnp.zeros((4096, 768), bf), bf)[0] is ln._k
+    assert ln._PerShape.pick(jnp.zeros((8192, 2048), bf), bf)[0] is ln._k  # no register sums: below MIN_MGPU_ROWS
+    assert ln._PerShape.pick(jnp.zeros((16384, 2048), bf), bf)[0] is ln._k_mgpu
     assert ln._PerShape.pick(jnp.zeros((16384, 1000), bf), bf)[0] is ln._k  # no multiple of the lanes
     x = jnp.zeros((8, 256), jnp.float32)
     with pytest.raises(ValueError, match=r"must be a kernel.Blocks \(Triton\) or a kernel_mgpu.Blocks"):
@@ -316,3 +318,10 @@ def test_bdrln_auto_backend_runs_what_it_picks(monkeypatch):
 def test_bdrln_auto_backend_on_gpu(monkeypatch):
     """As `_bdrln_auto_case`, compiled: 16384 x 768 bf16 with dropout, the default threshold (Mosaic GPU's side)."""
     _bdrln_auto_case(monkeypatch, 16384, jnp.bfloat16, [None])
+
+
+def test_bdrln_mgpu_blocks_register_sums_from_bool():
+    """Session 21's `bwd_register_sums` was a bool (all or none of the sums), and autotune caches hold that form."""
+    assert ln_mgpu.Blocks(bwd_register_sums=True).bwd_register_sums == 3
+    assert ln_mgpu.Blocks(bwd_register_sums=False).bwd_register_sums == 0
+    assert ln_mgpu.Blocks(bwd_register_sums=2).bwd_register_sums == 2

@@ -20,19 +20,19 @@ from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
 
-MIN_MGPU_ROWS = 16384  # Mosaic GPU from this many rows where its backward sums columns in SMEM (1024 wide) ...
-MIN_MGPU_ROWS_REGISTER_SUMS = 8192  # ... and from this many where it sums them in registers (768 wide)
+MIN_MGPU_ROWS = 16384  # Mosaic GPU from this many rows where its backward sums columns in SMEM only ...
+MIN_MGPU_ROWS_REGISTER_SUMS = 8192  # ... and from this many where it carries some in registers (768 and 1024 wide)
 
 
 class _PerShape:
     """`backend="auto"` (the default): the Mosaic GPU kernels on Hopper or newer where they take the shape, for shards
-    of at least `MIN_MGPU_ROWS` rows, or `MIN_MGPU_ROWS_REGISTER_SUMS` where the backward's column sums fit in
-    registers (`kernel_mgpu.default_blocks(...).bwd_register_sums`: 768 wide), else Triton. Measured: session 20's
-    alternating fwd+bwd (benchmarks/results/kernels-h200.md and kernels-h100.md; D = 768 and 1024, p = 0 and 0.1) had
-    Mosaic GPU's time at 0.83-1.00 (H200) and 0.87-1.00 (H100) of Triton's at 16384 and 32768 rows and 1.03-1.29 at
-    8192 rows, before its register sums; with them (session 21) BERT-base's train step at B64 S128 (8192 rows of 768)
-    ran 2.0-2.8% faster on Mosaic GPU (H200, alternating). 8192 rows of 1024 (BERT-large) stay on Triton: device time
-    puts the two within 3%, which the step does not resolve."""
+    of at least `MIN_MGPU_ROWS` rows, or `MIN_MGPU_ROWS_REGISTER_SUMS` where the backward carries column sums in
+    registers (`kernel_mgpu.default_blocks(...).bwd_register_sums`: 768 and 1024 wide), else Triton. Measured: session
+    20's alternating fwd+bwd (benchmarks/results/kernels-h200.md and kernels-h100.md; D = 768 and 1024, p = 0 and 0.1)
+    had Mosaic GPU's time at 0.83-1.00 (H200) and 0.87-1.00 (H100) of Triton's at 16384 and 32768 rows and 1.03-1.29
+    at 8192 rows, before its register sums; with them, BERT-base's train step at B64 S128 (8192 rows of 768) ran
+    2.0-2.8% faster on Mosaic GPU (session 21, H200, alternating), and at 8192 rows of 1024 (BERT-large) the op took
+    47.1 against Triton's 50.3 us of device time with dropout, 49.9 against 52.7 without (session 22, H200)."""
 
     @staticmethod
     def pick(x, out_dtype):
@@ -54,8 +54,8 @@ __all__ = ["bias_dropout_residual_layernorm", "layer_norm", "reference"]
 def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, rate: float, eps: float,
                                     interpret: bool | None = None, blocks=None, backend: str = "auto"):
     """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function.
-    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 16384 rows, >= 8192 at 768 wide, where the shape
-    allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class
+    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 8192 rows at 768 and 1024 wide, >= 16384 at other
+    widths over 1024, where the shape allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class
     names the backend); default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the
     backend's `default_blocks`."""
     return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks,

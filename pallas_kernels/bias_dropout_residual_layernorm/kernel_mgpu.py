@@ -9,10 +9,10 @@ contiguous bytes and the row statistics (mean, variance, and the backward's two 
 one warp, no SMEM and no barrier. Row statistics (R,) float32 are stored straight from registers to GMEM (a TMA box
 of 4 floats would break SMEM's 128-byte alignment). Backward: inputs stream through the TMA pipeline as above, the
 next tile's (mean, rstd) are prefetched from GMEM as a loop carry, dx and d_residual go from registers straight to
-GMEM; the scale/shift/bias gradients are summed elementwise over the program's tiles, as register loop carries
-where they fit (`Blocks.bwd_register_sums`: 768 wide) or in an SMEM (block_rows, D) float32 accumulator each (1024
-wide, where registers are full with the tile), folded over rows once per program (read back row by row from SMEM)
-and written as one partial row per program.
+GMEM; the scale/shift/bias gradients are summed elementwise over the program's tiles, the first
+`Blocks.bwd_register_sums` of them as register loop carries (as many as fit next to the tile: all three at 768 wide),
+the others in an SMEM (block_rows, D) float32 accumulator each, folded over rows once per program (read back row by
+row from SMEM) and written as one partial row per program.
 """
 
 from __future__ import annotations
@@ -41,20 +41,32 @@ class Blocks:
     bwd_block_rows: int = 4
     bwd_max_concurrent_steps: int = 2
     bwd_programs: int = 264
-    bwd_register_sums: bool = False  # the backward's column sums as register loop carries instead of SMEM tiles
-    approx_math: bool = False
+    bwd_register_sums: int = 0  # how many of the backward's column sums (d_scale, d_shift, d_bias) are register loop
+    approx_math: bool = False   # carries; the others are SMEM tiles
+
+    def __post_init__(self):
+        # Session 21's form (and autotune caches written then): True / False for all / none of the sums.
+        if isinstance(self.bwd_register_sums, bool):
+            object.__setattr__(self, "bwd_register_sums", 3 if self.bwd_register_sums else 0)
 
 
 def default_blocks(rows: int, width: int) -> Blocks:
     """4 rows per step, 3 (forward) and 2 (backward) steps in flight, 2 programs per SM: the fastest or within 1.4 us
     of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs) at 8192-32768 rows of 768
     and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21"; 8 rows of 768 per forward
-    step, the default before, took 15.2 against 13.8 us at 8192 rows). The backward's column sums in registers where
-    they take at most 72 per thread (3 x 4 rows x 768 / 128 threads): 10-35% less backward time at 768 wide, 3-27%
-    more at 1024 (96 per thread; the same run, p = 0 and 0.1)."""
+    step, the default before, took 15.2 against 13.8 us at 8192 rows).
+
+    The backward's column sums in registers: all three where they take at most 72 per thread (3 x 4 rows x 768 / 128
+    threads; 10-35% less backward time than in SMEM at 768 wide, session 21), else d_scale's alone where it takes at
+    most 32 (1024 wide), else none. At 1024 wide (session 22, H200 device time, backward kernel at 8192 / 16384 / 32768
+    rows): with dropout 0 / 1 / 2 / 3 sums in registers took 28.3 / **26.0** / 27.6 / 35.0, 52.9 / **48.2** / 53.9 /
+    66.5 and 99.5 / **90.6** / 101.6 / 127.6 us; without, two were faster than one by 0.5-2.3 us (18.5 against 20.8
+    at 8192 rows) and one still 12-15% faster than none."""
     del rows
     blocks = Blocks()
-    return dataclasses.replace(blocks, bwd_register_sums=3 * blocks.bwd_block_rows * width // _mgpu.WARPGROUP <= 72)
+    per_sum = blocks.bwd_block_rows * width // _mgpu.WARPGROUP  # float32 registers per thread for one sum
+    n_reg = 3 if 3 * per_sum <= 72 else 1 if per_sum <= 32 else 0
+    return dataclasses.replace(blocks, bwd_register_sums=n_reg)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
@@ -237,10 +249,9 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         b = t.param(b_gmem) if has_bias else None
         g = t.param(s_gmem)
         seeds = _seeds(seed_gmem, rate)
-        in_registers = blocks.bwd_register_sums
-        if not in_registers:
-            for k in range(n_acc):
-                t.store(acc_smem.at[k], t.zeros())
+        n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
+        for k in range(n_reg, n_acc):
+            t.store(acc_smem.at[k], t.zeros())
 
         def stats(tile_index):  # (mean, rstd) of one tile's rows, straight from GMEM
             rows_ = pl.ds(tile_index * br, br)
@@ -272,15 +283,13 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             if dres_gmem is not None:
                 t.store(dres_gmem.at[rows_], dh.astype(dres_gmem.dtype))
             terms = (d * xhat, d, dx)[:n_acc]
-            if in_registers:
-                return next_stats, tuple(s_ + v for s_, v in zip(sums, terms))
-            for k, v in enumerate(terms):
-                t.store(acc_smem.at[k], t.load(acc_smem.at[k]) + v)
-            return next_stats, sums
+            for k in range(n_reg, n_acc):
+                t.store(acc_smem.at[k], t.load(acc_smem.at[k]) + terms[k])
+            return next_stats, tuple(s_ + v for s_, v in zip(sums, terms[:n_reg]))
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         ins = [x_gmem] + ([r_gmem] if has_res else []) + [dy_gmem]
-        zeros = tuple(t.zeros() for _ in range(n_acc)) if in_registers else ()
+        zeros = tuple(t.zeros() for _ in range(n_reg))
         _, sums = pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[],
                            max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
                            init_carry=(stats(p * steps), zeros))(*ins)
