@@ -54,9 +54,9 @@ __all__ = ["bias_dropout_residual_layernorm", "layer_norm", "reference"]
 def bias_dropout_residual_layernorm(x, bias, residual, scale, ln_bias, *, seed, rate: float, eps: float,
                                     interpret: bool | None = None, blocks=None, backend: str = "auto"):
     """Fused `LN(residual + dropout(x + bias))` over the last axis; same contract as `reference`'s function.
-    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 8192 rows at 768 and 1024 wide, >= 16384 at other
-    widths over 1024, where the shape allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its class
-    names the backend); default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the
+    `backend`: "auto" (Mosaic GPU on Hopper+ for shards of >= 8192 rows up to 1024 wide, >= 16384 wider, where the
+    shape allows, else Triton: `_PerShape`), "triton" or "mgpu". `blocks`: a backend's `Blocks` (with "auto", its
+    class names the backend); default: the autotuner's cached choice for the shape, `pallas_kernels.autotune`, else the
     backend's `default_blocks`."""
     return _fused(x, bias, residual, scale, ln_bias, seed, rate=rate, eps=eps, interpret=interpret, blocks=blocks,
                   backend=backend)
