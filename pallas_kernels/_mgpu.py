@@ -94,17 +94,18 @@ def resolve_backend(backends: dict, backend: str, blocks) -> str:
     raise ValueError(f"blocks={blocks!r} must be a kernel.Blocks (Triton) or a kernel_mgpu.Blocks (Mosaic GPU)")
 
 
-def per_shape(mgpu_module, triton_module, rows: int, width: int, takes):
+def per_shape(mgpu_module, triton_module, rows: int, width: int, takes, **kw):
     """A `backend="auto"` choice for a (rows, width) shard: (`mgpu_module`, its default blocks) on Hopper or newer where
-    `takes(blocks)` raises no ValueError (the module's shape checks), else (`triton_module`, its default blocks)."""
+    `takes(blocks)` raises no ValueError (the module's shape checks), else (`triton_module`, its default blocks).
+    `kw` goes to both modules' `default_blocks` (bias+GELU's take the dropout rate)."""
     if mgpu_module.supported():
-        blocks = mgpu_module.default_blocks(rows, width)
+        blocks = mgpu_module.default_blocks(rows, width, **kw)
         try:
             takes(blocks)
             return mgpu_module, blocks
         except ValueError:
             pass
-    return triton_module, triton_module.default_blocks(rows, width)
+    return triton_module, triton_module.default_blocks(rows, width, **kw)
 
 
 def interpret_available() -> bool:

@@ -90,6 +90,13 @@ def keep_mask_tile(seed0, seed1, row_index, first_col, n_cols: int, width: int, 
     return bits >= u32(keep_threshold(rate))
 
 
+def keep_scale(rate: float) -> float:
+    """What a kernel multiplies a kept element by: 1 / (1 - rate), folded to a constant here. `x / (1 - rate)` inside
+    a Mosaic GPU kernel is an IEEE division per element (PTX `div.rn.f32`, about ten instructions); the product
+    differs from it by at most one float32 ulp before the cast to the output dtype."""
+    return 1.0 / (1.0 - rate)
+
+
 def seed_from_key(key) -> jax.Array:
     """The uint32[2] seed a fused operator uses, drawn from a JAX PRNG key."""
     return jax.random.bits(key, (2,), jnp.uint32)

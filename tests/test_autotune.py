@@ -328,7 +328,7 @@ def test_row_kernels_tune_and_read_the_cache_on_gpu(op, tune_env, monkeypatch):
     else:
         args = (jax.random.normal(jax.random.key(1), (4096, 3072), jnp.bfloat16),
                 jax.random.normal(jax.random.key(2), (3072,)))
-        module = bias_gelu._PerShape.pick(args[0])[0]  # Mosaic GPU on Hopper, else Triton
+        module = bias_gelu._PerShape.pick(args[0], 0.0)[0]  # Mosaic GPU on Hopper, else Triton
         backend = "mgpu" if module is bias_gelu._k_mgpu else "triton"
         fn = lambda blocks: lambda *a: bias_gelu.bias_gelu(  # noqa: E731
             *a, seed=jnp.array([5, 6], jnp.uint32), rate=0.1, blocks=blocks,

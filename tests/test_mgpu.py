@@ -51,7 +51,7 @@ def _bias_gelu_case(rows, width, dtype, rate, row_offset, *, interpret, blocks=N
     bias = jax.random.normal(k[3], (width,))
     sl = slice(row_offset, row_offset + rows)
     g_full = jnp.zeros_like(g_full).at[sl].set(g_full[sl])  # the cotangent of the rows the kernel sees
-    blocks = blocks or bg_mgpu.default_blocks(rows, width)
+    blocks = blocks or bg_mgpu.default_blocks(rows, width, rate=rate)
     words = pk.seed_words(drop_seed, row_offset)
     run = functools.partial(bg_mgpu.forward, rate=rate, interpret=interpret, blocks=blocks)
     run_bwd = functools.partial(bg_mgpu.backward, rate=rate, interpret=interpret, blocks=blocks)
@@ -85,6 +85,20 @@ def test_bias_gelu_mgpu_interpret(dtype, rate, row_offset):
 @pytest.mark.parametrize("rows,width,rate", [(8192, 3072, 0.0), (8192, 4096, 0.1), (32768, 4096, 0.0)])
 def test_bias_gelu_mgpu_on_gpu(rows, width, rate):
     _bias_gelu_case(rows, width, jnp.bfloat16, rate, 64, interpret=False)
+
+
+@pytest.mark.parametrize("dtype", [
+    pytest.param(jnp.float32, marks=interpret_only),  # the formula (rsqrt is exact in interpret mode)
+    pytest.param(jnp.bfloat16, marks=[pytest.mark.gpu, needs_hopper]),
+    pytest.param(jnp.float32, marks=[pytest.mark.gpu, needs_hopper], id="float32-gpu")])
+def test_bias_gelu_mgpu_approx_math(dtype):
+    """`approx_math`: exp as ex2.approx and erf's divide from rsqrt.approx, within the same bound of the reference."""
+    on_gpu = jax.default_backend() == "gpu"
+    rows, width = (4096, 3072) if on_gpu else (8, 256)
+    blocks = (bg_mgpu.default_blocks(rows, width, rate=0.1) if on_gpu
+              else bg_mgpu.Blocks(block_rows=2, programs=2, bwd_block_rows=2, bwd_programs=2))
+    _bias_gelu_case(rows, width, dtype, 0.1, 64 if on_gpu else 6, interpret=not on_gpu,
+                    blocks=dataclasses.replace(blocks, approx_math=True))
 
 
 # ------------------------------------------------------------------------------------------------------- BDRLN
@@ -172,7 +186,7 @@ def test_mgpu_lowers_for_cuda(op):
     words = pk.seed_words(jnp.array([1, 2], jnp.uint32))
     if op.startswith("bias_gelu"):
         x, v = jnp.zeros((8192, 4096), jnp.bfloat16), jnp.zeros((4096,))
-        kw = dict(rate=0.1, interpret=False, blocks=bg_mgpu.default_blocks(8192, 4096))
+        kw = dict(rate=0.1, interpret=False, blocks=bg_mgpu.default_blocks(8192, 4096, rate=0.1))
         fn, args = ((functools.partial(bg_mgpu.forward, **kw), (x, v, words)) if op.endswith("fwd")
                     else (functools.partial(bg_mgpu.backward, **kw), (x, v, words, x)))
     else:
@@ -242,10 +256,10 @@ def test_auto_backend_picks_per_shape(monkeypatch):
     import pallas_kernels.bias_gelu as bg
     x = jnp.zeros((8192, 4096), jnp.bfloat16)
     monkeypatch.setattr(bg._k_mgpu, "supported", lambda: False)
-    assert bg._PerShape.pick(x)[0] is bg._k
+    assert bg._PerShape.pick(x, 0.0)[0] is bg._k
     monkeypatch.setattr(bg._k_mgpu, "supported", lambda: True)
-    assert bg._PerShape.pick(x)[0] is bg._k_mgpu
-    assert bg._PerShape.pick(jnp.zeros((1000, 1000), jnp.bfloat16))[0] is bg._k
+    assert bg._PerShape.pick(x, 0.0)[0] is bg._k_mgpu
+    assert bg._PerShape.pick(jnp.zeros((1000, 1000), jnp.bfloat16), 0.0)[0] is bg._k
     # With blocks, "auto" runs the backend whose Blocks they are (as BDRLN's does); other objects are refused.
     calls, real = [], bg._k.forward
     monkeypatch.setattr(bg._k, "forward", lambda *a, **k: calls.append(k["blocks"]) or real(*a, **k))
@@ -325,3 +339,11 @@ def test_bdrln_mgpu_blocks_register_sums_from_bool():
     assert ln_mgpu.Blocks(bwd_register_sums=True).bwd_register_sums == 3
     assert ln_mgpu.Blocks(bwd_register_sums=False).bwd_register_sums == 0
     assert ln_mgpu.Blocks(bwd_register_sums=2).bwd_register_sums == 2
+
+
+def test_bias_gelu_mgpu_default_blocks_per_rate():
+    """With dropout the forward's tiles stay at <= 48 elements per thread (1 row of 4096, 2 of 3072), without ~64."""
+    assert bg_mgpu.default_blocks(8192, 4096).block_rows == 2
+    assert bg_mgpu.default_blocks(8192, 4096, rate=0.1).block_rows == 1
+    assert bg_mgpu.default_blocks(8192, 3072, rate=0.1).block_rows == 2
+    assert bg_mgpu.default_blocks(8192, 3072, rate=0.1).approx_math

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .. import _pallas as pk
+from ..dropout import keep_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,7 @@ def _h(x_ref, bias_ref, res_ref, seed_ref, m, r, c, *, width, rate):
     keep = None
     if rate:
         keep = pk.keep(seed_ref, r, 0, c.shape[0], width, rate)
-        h = jnp.where(keep, h / (1.0 - rate), 0.0)
+        h = jnp.where(keep, h * keep_scale(rate), 0.0)
     if res_ref is not None:
         h = h + pk.load(res_ref, m).astype(jnp.float32)
     return h, keep
@@ -112,7 +113,7 @@ def _bwd_kernel(x_ref, bias_ref, res_ref, scale_ref, seed_ref, mean_ref, rstd_re
         c1 = jnp.sum(dyg, axis=1) / width
         c2 = jnp.sum(dyg * xhat, axis=1) / width
         dh = jnp.where(m, (dyg - c1[:, None] - xhat * c2[:, None]) * rstd[:, None], 0.0)
-        dx = dh if keep is None else jnp.where(keep, dh / (1.0 - rate), 0.0)
+        dx = dh if keep is None else jnp.where(keep, dh * keep_scale(rate), 0.0)
         pk.store(dx_ref.at[rs, :], dx, m)
         if dres_ref is not None:
             pk.store(dres_ref.at[rs, :], dh, m)

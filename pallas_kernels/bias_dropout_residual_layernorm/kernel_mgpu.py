@@ -27,7 +27,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
 from .._mgpu import LANES, check_rows, kernel_call, load, pipeline, split_programs, supported
-from ..dropout import keep_mask_lanes
+from ..dropout import keep_mask_lanes, keep_scale
 
 __all__ = ["Blocks", "backward", "check_shape", "default_blocks", "forward", "supported"]
 
@@ -156,7 +156,7 @@ def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate):
     if rate:
         s0, s1, offset = seeds
         keep = t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate)
-        h = jnp.where(keep, h / (1.0 - rate), 0.0)
+        h = jnp.where(keep, h * keep_scale(rate), 0.0)
     if res_smem is not None:
         h = h + t.load(res_smem)
     return h, keep
@@ -275,7 +275,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             c1 = jnp.sum(dg, axis=1) / width
             c2 = jnp.sum(dg * xhat, axis=1) / width
             dh = (dg - t.rows(c1) - xhat * t.rows(c2)) * r
-            dx = dh if keep is None else jnp.where(keep, dh / (1.0 - rate), 0.0)
+            dx = dh if keep is None else jnp.where(keep, dh * keep_scale(rate), 0.0)
             # Outputs go straight from registers to GMEM (each warp stores 512 contiguous bytes): no SMEM staging,
             # which leaves room in SMEM for two programs per SM next to the accumulators.
             rows_ = pl.ds(first_row, br)

@@ -28,15 +28,15 @@ class _PerShape:
     the per-shard shape, each with its own default blocks."""
 
     @staticmethod
-    def pick(x):
-        """The kernel module for the shard `x` (rows, width) and its default blocks."""
+    def pick(x, rate: float):
+        """The kernel module for the shard `x` (rows, width) and its default blocks (for dropout `rate`)."""
         rows, width = x.shape
 
         def takes(b):
             check_rows(rows, width, x.dtype, b.block_rows, "block_rows")
             check_rows(rows, width, x.dtype, b.bwd_block_rows, "bwd_block_rows")
 
-        return per_shape(_k_mgpu, _k, rows, width, takes)
+        return per_shape(_k_mgpu, _k, rows, width, takes, rate=rate)
 
 
 # The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, Mosaic GPU (Hopper), or the
@@ -70,9 +70,9 @@ def _kernels(kernels, blocks, x, bias, *, rate, interpret):
     `pallas_kernels.autotune`), else the module's default table. The forward's trace tunes, the backward's reads
     the same cache entry."""
     if kernels is _PerShape:
-        kernels, default = _PerShape.pick(x)
+        kernels, default = _PerShape.pick(x, rate)
     else:
-        default = kernels.default_blocks(*x.shape)
+        default = kernels.default_blocks(*x.shape, rate=rate)
     if blocks is not None:
         return kernels, blocks
     backend = "mgpu" if kernels is _k_mgpu else "triton"

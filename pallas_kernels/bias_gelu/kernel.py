@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .. import _pallas as pk
+from ..dropout import keep_scale
 from .._math import gelu_and_grad
 
 
@@ -32,9 +33,10 @@ class Blocks:
     bwd_num_stages: int = 1  # >1 lets Triton prefetch the next chunk of the backward's row loop
 
 
-def default_blocks(rows: int, width: int) -> Blocks:
-    """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): 8 x 1024 tiles; the backward with 8 warps."""
-    del rows
+def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
+    """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): 8 x 1024 tiles; the backward with 8 warps.
+    The same with and without dropout."""
+    del rows, rate
     bc = min(pk.next_pow2(width), 1024)
     br = max(1, 8192 // bc)
     if width >= 4096:
@@ -64,7 +66,7 @@ def _fwd_kernel(x_ref, bias_ref, seed_ref, y_ref, *, rows, width, rate, block_ro
                        rows=rows, width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
     y, _ = gelu_and_grad(h)
     if keep is not None:
-        y = jnp.where(keep, y / (1.0 - rate), 0.0)
+        y = jnp.where(keep, y * keep_scale(rate), 0.0)
     pk.store(y_ref, y, m)
 
 
@@ -80,7 +82,7 @@ def _bwd_kernel(x_ref, bias_ref, seed_ref, dy_ref, dx_ref, dbias_ref, *, rows, w
         _, grad = gelu_and_grad(h)
         dy = pk.load(dy_ref.at[rs, :], m).astype(jnp.float32)
         if keep is not None:
-            dy = jnp.where(keep, dy / (1.0 - rate), 0.0)
+            dy = jnp.where(keep, dy * keep_scale(rate), 0.0)
         dx = jnp.where(m, dy * grad, 0.0)
         pk.store(dx_ref.at[rs, :], dx, m)
         return dbias + jnp.sum(dx, axis=0)

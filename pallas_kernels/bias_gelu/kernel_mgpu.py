@@ -27,7 +27,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from .._math import _SQRT_HALF, erf_f32, gelu_and_grad
 from .. import _mgpu
 from .._mgpu import LANES, check_rows, iota, kernel_call, pipeline, split_programs, strided, supported, vec_size, zeros
-from ..dropout import keep_mask_lanes
+from ..dropout import keep_mask_lanes, keep_scale
 
 __all__ = ["Blocks", "backward", "default_blocks", "forward", "supported"]
 
@@ -38,16 +38,23 @@ class Blocks:
     max_concurrent_steps: int = 3
     programs: int = 264  # 2 per SM on an H100/H200; the largest divisor of the tile count not above it is used
     bwd_block_rows: int = 1
-    bwd_max_concurrent_steps: int = 4
+    bwd_max_concurrent_steps: int = 3
     bwd_programs: int = 264
-    approx_math: bool = False  # True lets exp use ex2.approx (faster, ~2 ulp)
+    # exp as ex2.approx (~2 ulp) and erf's divide from rsqrt.approx (`erf_f32`): fwd+bwd 4-6% faster with dropout,
+    # 1-5% without (H200, session 22), within the tests' bound of the reference (float32 1e-5 relative)
+    approx_math: bool = True
 
 
-def default_blocks(rows: int, width: int) -> Blocks:
-    """~8K-element forward tiles (2 rows of 4096, 2 of 3072), one row per backward step (its registers also hold
-    the bias and the bias-gradient accumulator). Not yet tuned on the GPU."""
+def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
+    """Forward tiles of ~8K elements without dropout (2 rows of 3072 or 4096), at most 6K with (2 rows of 3072, 1 of
+    4096: 48 per thread, room for the hash); one row per backward step (its registers also hold the bias and the
+    bias-gradient accumulator), 3 steps in flight. From a sweep of rows per step 1/2/4 x steps in flight 2/3/4 x
+    132/264 programs (H200 device time, benchmarks/results/kernels-h200.md, "Session 22"): with dropout 2 rows of
+    4096 per forward step took 59.7 / 225.5 us at 8192 / 32768 rows, 1 row 53.4 / 202.5; without, 1 row was 0-4%
+    slower than 2 and 3072 wide preferred 2 either way; the backward with 3 steps in flight was 0-4% faster than with
+    4 (the default before)."""
     del rows
-    return Blocks(block_rows=max(1, 8192 // width))
+    return Blocks(block_rows=max(1, (6144 if rate else 8192) // width))
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
@@ -64,9 +71,9 @@ def _keep(s0, s1, first, n, vec, interpret, rate):
     return keep_mask_lanes((s0, s1), first, iota(n, vec, interpret), rate)
 
 
-def _gelu(h):
+def _gelu(h, approx: bool):
     """u·Φ(u) with the same float32 operations as `gelu_and_grad`'s first output (no derivative computed)."""
-    return h * (0.5 * (1.0 + erf_f32(h * _SQRT_HALF)))
+    return h * (0.5 * (1.0 + erf_f32(h * _SQRT_HALF, approx=approx)))
 
 
 def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
@@ -86,11 +93,11 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
 
         def step(idx, x_smem, y_smem):
             h = x_smem[...].astype(jnp.float32).reshape(br, width) + b
-            y = _gelu(h).reshape(n)
+            y = _gelu(h, blocks.approx_math).reshape(n)
             if rate:
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                y = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), y / (1.0 - rate), 0.0)
+                y = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), y * keep_scale(rate), 0.0)
             y_smem[...] = y.astype(y_smem.dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
@@ -124,12 +131,12 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
 
         def step(idx, x_smem, dy_smem, dx_smem, acc):
             h = x_smem[...].astype(jnp.float32).reshape(br, width) + b
-            grad = gelu_and_grad(h)[1].reshape(n)
+            grad = gelu_and_grad(h, approx=blocks.approx_math)[1].reshape(n)
             g = dy_smem[...].astype(jnp.float32).reshape(n)
             if rate:
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                g = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), g / (1.0 - rate), 0.0)
+                g = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), g * keep_scale(rate), 0.0)
             dx = g * grad
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
             return acc + dx

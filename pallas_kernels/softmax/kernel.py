@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .. import _pallas as pk
+from ..dropout import keep_scale
 
 _MASKED = float(jnp.finfo(jnp.float32).min)  # what the reference gives masked keys before the softmax
 
@@ -56,7 +57,7 @@ def _fwd_kernel(x_ref, mask_ref, seed_ref, y_ref, lse_ref, *, rows, width, scale
     total = jnp.sum(e, axis=1)
     p = e / total[:, None]
     if rate:
-        p = jnp.where(pk.keep(seed_ref, r, 0, c.shape[0], width, rate), p / (1.0 - rate), 0.0)
+        p = jnp.where(pk.keep(seed_ref, r, 0, c.shape[0], width, rate), p * keep_scale(rate), 0.0)
     pk.store(y_ref, p, m)
     pk.store(lse_ref, mx + jnp.log(total), r < rows)
 
@@ -68,7 +69,7 @@ def _bwd_kernel(x_ref, mask_ref, seed_ref, lse_ref, dy_ref, dx_ref, *, rows, wid
     p = jnp.exp(s - pk.load(lse_ref, r < rows, 0.0)[:, None])
     dp = pk.load(dy_ref, m, 0.0).astype(jnp.float32)
     if rate:
-        dp = jnp.where(pk.keep(seed_ref, r, 0, c.shape[0], width, rate), dp / (1.0 - rate), 0.0)
+        dp = jnp.where(pk.keep(seed_ref, r, 0, c.shape[0], width, rate), dp * keep_scale(rate), 0.0)
     delta = jnp.sum(p * dp, axis=1)
     dx = jnp.where(real[None, :], scale * p * (dp - delta[:, None]), 0.0)  # masked scores get no gradient
     pk.store(dx_ref, dx, m)
