@@ -37,15 +37,16 @@ def main():
         if f"{rows}x{d}" not in a.shapes.split(","):
             continue
         args = (jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,)))
-        default = kernel_mgpu.default_blocks(rows, d)
         for rate in (float(r) for r in a.rates.split(",")):
+            default = kernel_mgpu.default_blocks(rows, d, rate=rate)  # run 6 passed no rate: p = 0's blocks
             nbytes = 5 * rows * d * 2
             impls = [("xla", lambda *t, rate=rate: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate)),
                      ("triton", lambda *t, rate=rate: bias_gelu.bias_gelu(*t, seed=seed, rate=rate, backend="triton"))]
             for approx in (False, True):
                 b = dataclasses.replace(default, approx_math=approx)
-                impls.append((f"mgpu approx_math={approx}", lambda *t, rate=rate, b=b: bias_gelu.bias_gelu(
-                    *t, seed=seed, rate=rate, backend="mgpu", blocks=b)))
+                impls.append((f"mgpu approx_math={approx} block_rows={b.block_rows}",
+                              lambda *t, rate=rate, b=b: bias_gelu.bias_gelu(*t, seed=seed, rate=rate, backend="mgpu",
+                                                                             blocks=b)))
             xla = None
             for name, fn in impls:
                 total, fwd, bwd, other = split(cold_profile(_grads_as_carry(fn, len(args)), args, a.calls), a.calls)
