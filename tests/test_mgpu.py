@@ -157,8 +157,10 @@ def _bdrln_case(rows, width, dtype, rate, row_offset, *, plain=False, interpret,
 ])
 def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
-    for n_reg in (0, 2, 3):  # how many of the backward's column sums are register carries (the rest SMEM tiles)
-        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg)
+    for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
+        # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers
+        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
+                                fwd_direct_store=direct)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -169,8 +171,8 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
 def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
     default = ln_mgpu.default_blocks(rows, width)  # and every other split of the column sums (registers / SMEM)
-    for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:
-        other = dataclasses.replace(default, bwd_register_sums=n_reg)
+    for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:  # (with the other store of the forward's y)
+        other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 
