@@ -111,7 +111,7 @@ def _bdrln_case(rows, width, dtype, rate, row_offset, *, plain=False, interpret,
     shift = jax.random.normal(k[5], (width,))
     sl = slice(row_offset, row_offset + rows)
     g_full = jnp.zeros_like(g_full).at[sl].set(g_full[sl])
-    blocks = blocks or ln_mgpu.default_blocks(rows, width)
+    blocks = blocks or ln_mgpu.default_blocks(rows, width, rate=rate)
     words = pk.seed_words(drop_seed, row_offset)
     eps = 1e-12
     x, res = x_full[sl], None if plain else res_full[sl]
@@ -170,7 +170,7 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     (8192, 768, 0.1, False), (8192, 1024, 0.0, False), (32768, 1024, 0.1, False), (8192, 1024, 0.0, True)])
 def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
-    default = ln_mgpu.default_blocks(rows, width)  # and every other split of the column sums (registers / SMEM)
+    default = ln_mgpu.default_blocks(rows, width, rate=rate)  # and every other split of the column sums (registers / SMEM)
     for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:  # (with the other store of the forward's y)
         other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
@@ -341,6 +341,15 @@ def test_bdrln_mgpu_blocks_register_sums_from_bool():
     assert ln_mgpu.Blocks(bwd_register_sums=True).bwd_register_sums == 3
     assert ln_mgpu.Blocks(bwd_register_sums=False).bwd_register_sums == 0
     assert ln_mgpu.Blocks(bwd_register_sums=2).bwd_register_sums == 2
+
+
+def test_bdrln_mgpu_default_register_sums_per_width_and_rate():
+    """All three sums in registers at 768 wide; at 1024 one with dropout, two without (session 22's measurements)."""
+    assert ln_mgpu.default_blocks(8192, 768).bwd_register_sums == 3
+    assert ln_mgpu.default_blocks(8192, 768, rate=0.0).bwd_register_sums == 3
+    assert ln_mgpu.default_blocks(8192, 1024, rate=0.1).bwd_register_sums == 1
+    assert ln_mgpu.default_blocks(8192, 1024, rate=0.0).bwd_register_sums == 2
+    assert ln_mgpu.default_blocks(8192, 2048, rate=0.0).bwd_register_sums == 0
 
 
 def test_bias_gelu_mgpu_default_blocks_per_rate():

@@ -35,13 +35,15 @@ class _PerShape:
     47.1 against Triton's 50.3 us of device time with dropout, 49.9 against 52.7 without (session 22, H200)."""
 
     @staticmethod
-    def pick(x, out_dtype):
-        """The kernel module for the shard `x` (rows, D) whose output is in `out_dtype`, and its default blocks."""
+    def pick(x, out_dtype, rate: float = 0.1):
+        """The kernel module for the shard `x` (rows, D) whose output is in `out_dtype`, and its default blocks (for
+        dropout `rate`)."""
         rows, width = x.shape
-        register_sums = _k_mgpu.default_blocks(rows, width).bwd_register_sums
+        register_sums = _k_mgpu.default_blocks(rows, width, rate=rate).bwd_register_sums
         if rows < (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS):
-            return _k, _k.default_blocks(rows, width)
-        return per_shape(_k_mgpu, _k, rows, width, lambda b: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, b))
+            return _k, _k.default_blocks(rows, width, rate=rate)
+        return per_shape(_k_mgpu, _k, rows, width, lambda b: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, b),
+                         rate=rate)
 
 
 # The kernel modules behind the public functions (same forward/backward contract): Triton, Mosaic GPU (Hopper), or
@@ -94,9 +96,9 @@ def _kernels(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, int
     entry."""
     rows, d = x.shape
     if kernels is _PerShape:
-        kernels, default = _PerShape.pick(x, (x if residual is None else residual).dtype)
+        kernels, default = _PerShape.pick(x, (x if residual is None else residual).dtype, rate)
     else:
-        default = kernels.default_blocks(rows, d)
+        default = kernels.default_blocks(rows, d, rate=rate)
     if blocks is not None:
         return kernels, blocks
     operands = dict(x=x, bias=bias, residual=residual, scale=scale, shift=shift)

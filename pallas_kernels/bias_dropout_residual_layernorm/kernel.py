@@ -46,10 +46,12 @@ def bwd_rows_per_program(rows: int, programs: int = 512, least: int = 16) -> int
     return max(least, pk.next_pow2(-(-rows // programs)))
 
 
-def default_blocks(rows: int, width: int) -> Blocks:
+def default_blocks(rows: int, width: int, rate: float = 0.1) -> Blocks:
     """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): ~4096-element forward tiles, small
     backward chunks with 16 rows per program at 8192 rows (512 programs: enough in flight to cover the latency),
-    more at more rows (`bwd_rows_per_program`: about 512 programs, so the partial sums stay small)."""
+    more at more rows (`bwd_rows_per_program`: about 512 programs, so the partial sums stay small). The same with
+    and without dropout."""
+    del rate
     rpp = bwd_rows_per_program(rows)
     if pk.next_pow2(width) <= 1024:
         return Blocks(block_rows=max(1, 4096 // pk.next_pow2(width)), num_warps=8,
