@@ -6,11 +6,17 @@
     PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls xla,pallas,mgpu  # Triton vs Mosaic GPU
     PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss     # MLM cross-entropy: logits vs vocabulary chunks
     PYTHONPATH=. python benchmarks/kernels.py --ops embedding    # the embedding block under XLA (no kernel)
+    PYTHONPATH=. python benchmarks/kernels.py --ops bdrln,bias_gelu --passes fwd+bwd --device-time 20  # device time
 
 Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
 dead code, and an `optimization_barrier` between them keeps XLA from fusing one iteration into the next), for
 n = N1 and N2; the time per iteration is (T(N2) - T(N1)) / (N2 - N1), which cancels the dispatch and launch
 overhead of the call; median of `--repeats`. Inputs are random and larger than L2.
+`--device-time CALLS` (a GPU) times each operator instead by its kernels' device time under the profiler: CALLS
+unchained calls, each on the next of K copies of the inputs (K x bytes >= 180 MB, so no call finds its operands in
+L2), the kernels' time per call summed (launch gaps left out). On an H200 timed chains of a ~50-150 us operator
+moved by 10-20% between processes where device time moved by 1-2% (benchmarks/results/kernels-h200.md, sessions
+21-22, whose tables are this method's).
 Bytes are what each operator must move (each input read once, each output written once); GB/s is against the copy
 bandwidth of `y = x + 1` over 256 MB buffers measured in the same run.
 The `mgpu` rows (bias_gelu, bdrln) are the Mosaic GPU kernels (`kernel_mgpu.py`) behind the same public functions
@@ -75,6 +81,19 @@ def copy_bandwidth(repeats, scale=1):
         return 2 * x.nbytes / (sum(times.values()) / calls * 1e-9)
     t = per_iteration(lambda x: (x[0] + 1,), (x,), repeats)
     return 2 * x.nbytes / t
+
+
+def device_time(step, args, calls, min_bytes=None):
+    """Seconds per call of `step(args)`'s kernels on the device (the profiler's summed kernel time), over `calls`
+    unchained calls, each on the next of K copies of `args` (K x bytes >= `min_bytes`, default `ROTATE_BYTES`)."""
+    from jaxformer.hlo_profile import profile_compiled
+    compiled = jax.jit(step).lower(args).compile()
+    nbytes = max(1, sum(x.nbytes for x in jax.tree.leaves(args)))
+    k = max(1, -(-(min_bytes or ROTATE_BYTES[0]) // nbytes))
+    copies = itertools.cycle([jax.tree.map(lambda x: x.copy(), args) for _ in range(k)])
+    times = profile_compiled(compiled, (next(copies),), calls, carry=lambda out, a: (next(copies),),
+                             log=lambda m: None)
+    return sum(times.values()) / calls * 1e-9
 
 
 def _grads_as_carry(fn, n_in):
@@ -302,20 +321,27 @@ def main():
                     help="also run CALLS unchained calls of each implementation under jax.profiler and print the "
                          "device time of its kernels per call (XLA's command buffers are switched off for this)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed per profile")
+    ap.add_argument("--device-time", type=int, default=0, metavar="CALLS",
+                    help="time each operator by its kernels' device time over CALLS calls on rotated inputs (a GPU; "
+                         "XLA's command buffers off) instead of as a timed chain")
     ap.add_argument("--xla-gemm", choices=("xla", "cublas"), default="xla",
                     help="cublas: XLA's Triton GEMM emitter off (what the train step's xla_gemm=cublas sets per jit)")
     a = ap.parse_args()
+    if a.device_time and jax.default_backend() != "gpu":
+        ap.error(f"--device-time {a.device_time} needs a GPU (the default backend is {jax.default_backend()})")
     if a.xla_gemm == "cublas":  # before the backend starts (the first computation, below)
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
-    if a.profile:  # inside a CUDA-graph command buffer the profiler sees one event per graph, not per kernel
+    if a.profile or a.device_time:  # in a CUDA-graph command buffer the profiler sees one event per graph, not kernel
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
     dtype = jnp.dtype(a.dtype)
     ROTATE_BYTES[0] //= a.scale
     bw = copy_bandwidth(a.repeats, a.scale)
     how = "device time" if jax.default_backend() == "gpu" else "timed"
+    ops_how = (f"operators: device time over {a.device_time} calls on rotated inputs" if a.device_time
+               else "operators: timed chains")
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, {a.dtype}; copy bandwidth {bw / 1e9:.0f} GB/s "
-          f"(fp32 y = x + 1 over 256 MB, {how}); JAXFORMER_AUTOTUNE={autotune.mode()} (\"default\" blocks: the "
-          "tuner's cached choice unless off)", flush=True)
+          f"(fp32 y = x + 1 over 256 MB, {how}); {ops_how}; JAXFORMER_AUTOTUNE={autotune.mode()} (\"default\" "
+          "blocks: the tuner's cached choice unless off)", flush=True)
     rows = []
     print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
@@ -347,7 +373,8 @@ def main():
                             if not err < 2e-2:
                                 raise AssertionError(f"relative error {err:.2e} against the XLA reference")
                         # the layer: shorter chains (each iteration is a whole encoder layer; compiles faster)
-                        t = per_iteration(step_for(fn), args, a.repeats, lengths=(1, 4) if op == "layer" else None)
+                        t = (device_time(step_for(fn), args, a.device_time) if a.device_time else
+                             per_iteration(step_for(fn), args, a.repeats, lengths=(1, 4) if op == "layer" else None))
                     except Exception as e:  # a candidate that does not compile is reported and skipped
                         print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
                         continue
