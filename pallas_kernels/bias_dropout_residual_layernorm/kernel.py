@@ -46,7 +46,7 @@ def bwd_rows_per_program(rows: int, programs: int = 512, least: int = 16) -> int
     return max(least, pk.next_pow2(-(-rows // programs)))
 
 
-def default_blocks(rows: int, width: int, rate: float = 0.1) -> Blocks:
+def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     """Measured on an H200 (benchmarks/results/kernels-h200.md, --tune): ~4096-element forward tiles, small
     backward chunks with 16 rows per program at 8192 rows (512 programs: enough in flight to cover the latency),
     more at more rows (`bwd_rows_per_program`: about 512 programs, so the partial sums stay small). The same with

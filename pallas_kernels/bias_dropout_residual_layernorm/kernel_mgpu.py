@@ -11,8 +11,8 @@ of 4 floats would break SMEM's 128-byte alignment), and so is the forward's y (`
 inputs stream through the TMA pipeline as above, the next tile's (mean, rstd) are prefetched from GMEM as a loop
 carry, dx and d_residual go from registers straight to GMEM; the scale/shift/bias gradients are summed elementwise
 over the program's tiles, the first `Blocks.bwd_register_sums` of them as register loop carries (as many as fit next
-to the tile: all three at 768 wide), the others in an SMEM (block_rows, D) float32 accumulator each, folded over
-rows once per program (read back row by row from SMEM) and written as one partial row per program.
+to the tile: all three at 768 wide, one or two at 1024), the others in an SMEM (block_rows, D) float32 accumulator
+each, folded over rows once per program (read back row by row from SMEM) and written as one partial row per program.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ class Blocks:
     # The forward's y from registers straight to GMEM (as the backward's dx), not through SMEM and TMA: the forward
     # kernel 0-0.7 us faster at every BERT shape, p = 0 and 0.1 (H200 device time, session 22).
     fwd_direct_store: bool = True
-    bwd_register_sums: int = 0  # how many of the backward's column sums (d_scale, d_shift, d_bias) are register loop
-    approx_math: bool = False   # carries; the others are SMEM tiles
+    # How many of the backward's column sums (d_scale, d_shift, d_bias, in that order) are register loop carries; the
+    # others are SMEM tiles (`default_blocks` says how many fit).
+    bwd_register_sums: int = 0
+    approx_math: bool = False
 
     def __post_init__(self):
         # Session 21's form (and autotune caches written then): True / False for all / none of the sums.
@@ -53,7 +55,7 @@ class Blocks:
             object.__setattr__(self, "bwd_register_sums", 3 if self.bwd_register_sums else 0)
 
 
-def default_blocks(rows: int, width: int, rate: float = 0.1) -> Blocks:
+def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     """4 rows per step, 3 (forward) and 2 (backward) steps in flight, 2 programs per SM: the fastest or within 1.4 us
     of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs) at 8192-32768 rows of 768
     and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21"; 8 rows of 768 per forward

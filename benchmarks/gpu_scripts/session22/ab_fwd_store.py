@@ -19,8 +19,8 @@ def main():
     key, seed = keys()
     for rows, d in a.shape_list:
         args = bdrln_inputs(key, rows, d)
-        default = kernel_mgpu.default_blocks(rows, d)
         for rate in a.rate_list:
+            default = kernel_mgpu.default_blocks(rows, d, rate=rate)
             for direct, k in ((False, default.max_concurrent_steps), (True, default.max_concurrent_steps), (True, 4)):
                 b = dataclasses.replace(default, fwd_direct_store=direct, max_concurrent_steps=k)
                 total, fwd, bwd, _ = fwd_bwd_time(lambda *t, rate=rate, b=b: bdrln.bias_dropout_residual_layernorm(

@@ -21,8 +21,8 @@ def main():
     key, seed = keys()
     for rows, d in a.shape_list:
         args = bdrln_inputs(key, rows, d)
-        default = kernel_mgpu.default_blocks(rows, d)
         for rate in a.rate_list:
+            default = kernel_mgpu.default_blocks(rows, d, rate=rate)
             for p, k in itertools.product((264, 528, 1056), (2, 3)):
                 b = dataclasses.replace(default, programs=p, bwd_programs=p, max_concurrent_steps=k,
                                         bwd_max_concurrent_steps=k)

@@ -23,7 +23,7 @@ def main():
         args = bdrln_inputs(key, rows, d)
         for rate in a.rate_list:
             nbytes = (3 + (5 if rate else 4)) * rows * d * 2
-            default = kernel_mgpu.default_blocks(rows, d)
+            default = kernel_mgpu.default_blocks(rows, d, rate=rate)
             impls = [("triton", dict(backend="triton"))]
             for n in (int(c) for c in a.counts.split(",")):
                 mark = " (default)" if n == default.bwd_register_sums else ""
