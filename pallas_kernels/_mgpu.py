@@ -108,6 +108,22 @@ def per_shape(mgpu_module, triton_module, rows: int, width: int, takes, **kw):
     return triton_module, triton_module.default_blocks(rows, width, **kw)
 
 
+def other_backend(chosen, mgpu_module, triton_module, rows: int, width: int, takes, **kw) -> list:
+    """For the autotuner under `backend="auto"`: [(module, its default blocks)] of the backend the rule did not pick
+    (`chosen`), where it takes the shape: Triton always, Mosaic GPU on Hopper or newer where `takes(blocks)` raises no
+    ValueError; else []."""
+    if chosen is mgpu_module:
+        return [(triton_module, triton_module.default_blocks(rows, width, **kw))]
+    if mgpu_module.supported():
+        blocks = mgpu_module.default_blocks(rows, width, **kw)
+        try:
+            takes(blocks)
+            return [(mgpu_module, blocks)]
+        except ValueError:
+            pass
+    return []
+
+
 def interpret_available() -> bool:
     """Whether `interpret=True` can run these kernels here: Mosaic GPU's interpret mode exists in this jax (private in
     0.10/0.11) and the backend is the CPU."""

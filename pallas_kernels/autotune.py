@@ -9,8 +9,10 @@ outputs (a candidate that fails to compile or disagrees is skipped, with a line 
 default by more than 5% twice (once among the candidates, once more re-timed alternately with the default), and
 written to the cache file. Every later trace, in this process or another, reads it. Kernels: flash attention
 (forward tiles, then the backward's form and tiles) and the row-wise ones, BDRLN / layernorm and bias+GELU (Triton
-or Mosaic GPU: forward tiles, then the backward's chunks), per shard shape; a kernel the default runs in under 25 us
-is not tuned.
+or Mosaic GPU: forward tiles, then the backward's chunks), per shard shape; with `backend="auto"` (their default)
+the row-wise ones also time the other backend's default blocks first (Triton's on a Hopper GPU where the rule picked
+Mosaic GPU, and the reverse), so the backend is chosen per GPU by measurement too, and the winner's candidates
+follow. A kernel the default runs in under 25 us is not tuned.
 
 What it is worth, measured (kernels-h200.md, kernels-h100.md): at BERT's shapes nothing yet. On an H200 no
 candidate beat the BDRLN table; on an H100 (whose tables were never measured) the first timing harnesses picked
@@ -24,7 +26,8 @@ now re-timed. Tuning one key takes 1-5 minutes of compiles. It is for shapes and
 
 Nothing is tuned or read in interpret mode (CPU), nor tuned with more than one process (every process must compile
 the same kernels; a shared cache file written beforehand is still read). The cache is a JSON object {key: {"blocks":
-{field: value}, "us": time, "default_us": time}}, written atomically (a temporary file, then a rename).
+{field: value}, "kind": the blocks' class (its module: the backend), "us": time, "default_us": time}}, written
+atomically (a temporary file, then a rename).
 """
 
 from __future__ import annotations
@@ -100,9 +103,24 @@ def _store(path: str, key: str, entry: dict) -> None:
         print(f"jaxformer autotune: could not write the cache {path}: {e}", file=sys.stderr)
 
 
+def _kind(blocks) -> str:
+    """The class of a block-size choice, as the cache names it (which kernel module's `Blocks`: the backend)."""
+    return f"{type(blocks).__module__}.{type(blocks).__qualname__}"
+
+
 def _from_fields(default, fields: dict):
     names = {f.name for f in dataclasses.fields(default)}
     return dataclasses.replace(default, **{k: v for k, v in fields.items() if k in names})
+
+
+def _from_entry(default, alternatives, entry: dict):
+    """A cached choice: its fields onto the default of its class (`default` or one of `alternatives`); entries
+    without a class (written before backends were tuned) are the default's."""
+    kind = entry.get("kind", _kind(default))
+    like = next((b for b in (default, *alternatives) if _kind(b) == kind), None)
+    if like is None:
+        raise ValueError(f"a choice of {kind}, not among the classes tried here")
+    return _from_fields(like, entry["blocks"])
 
 
 ROTATE_BYTES = 180 * 2**20  # 3x an H200's L2 (60 MB): no step finds its operands still cached from the last one
@@ -195,15 +213,24 @@ def fwd_bwd_bench(fn: Callable, args: tuple):
     return step, args, outputs
 
 
-def choose_rowwise(op: str, kernels, default, fn: Callable, operands, *, interpret: bool, **fields):
+def choose_rowwise(op: str, kernels, default, fn: Callable, operands, *, interpret: bool, others=(), **fields):
     """`choose` for a row-wise kernel module `kernels` (BDRLN, bias+GELU; Triton or Mosaic GPU): its
     `candidate_blocks` for the forward, then the backward, timed forward+backward of `fn(blocks)(*args)` on random
     inputs shaped like `operands` (the shard's, possibly tracers: only their shapes and dtypes are kept, so nothing
-    of the caller's trace reaches the tuner's thread). `fields` make the cache key with `op`."""
+    of the caller's trace reaches the tuner's thread). `fields` make the cache key with `op`.
+
+    `others`: (module, its default blocks) of other backends that take the shape (`backend="auto"`): their defaults
+    are tried first, and the forward and backward candidates are then those of the winner's module; `fn` must run the
+    backend of the blocks' class. Returns (module, blocks)."""
     like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operands]
-    stages = [lambda best: kernels.candidate_blocks(best, stage="fwd"),
-              lambda best: kernels.candidate_blocks(best, stage="bwd")]
-    return choose(op, fields, default, stages, lambda: fwd_bwd_bench(fn, random_inputs(like)), interpret=interpret)
+    module_of = {_kind(default): kernels} | {_kind(b): m for m, b in others}
+    alternatives = [b for _, b in others]
+    stages = ([lambda best: alternatives] if alternatives else []) + [
+        lambda best: module_of[_kind(best)].candidate_blocks(best, stage="fwd"),
+        lambda best: module_of[_kind(best)].candidate_blocks(best, stage="bwd")]
+    best = choose(op, fields, default, stages, lambda: fwd_bwd_bench(fn, random_inputs(like)), interpret=interpret,
+                  alternatives=alternatives)
+    return module_of[_kind(best)], best
 
 
 def _max_rel_err(got, want) -> float:
@@ -214,7 +241,7 @@ def _max_rel_err(got, want) -> float:
 
 
 def choose(op: str, fields: dict, default, stages: Sequence[Callable], make_bench: Callable, *, interpret: bool,
-           tol: float = 2e-2, margin: float = 0.05):
+           tol: float = 2e-2, margin: float = 0.05, alternatives=()):
     """The block sizes to use for one kernel call: cached, tuned now, or `default` (see the module docstring).
 
     `stages`: functions best -> candidate block sizes, tuned one after another (e.g. forward tiles, then the
@@ -223,6 +250,8 @@ def choose(op: str, fields: dict, default, stages: Sequence[Callable], make_benc
     Called only when tuning. A candidate replaces the best so far only when faster by more than `margin`: on an
     H200 at BERT's shapes the tuner's own timing preferred candidates 1.7% and 3.3% faster than the default table,
     and the train step was 1.5% and 0.5% slower with them (kernels-h200.md, session 8), so a switch must clear 5%.
+    `alternatives`: block sizes of other classes (other backends) the stages may return; a cached choice of one of
+    them comes back as that class (the entry names it, "kind").
     """
     if interpret:
         return default
@@ -234,7 +263,7 @@ def choose(op: str, fields: dict, default, stages: Sequence[Callable], make_benc
     hit = _load(path).get(key)
     if isinstance(hit, dict) and isinstance(hit.get("blocks"), dict):
         try:
-            return _from_fields(default, hit["blocks"])
+            return _from_entry(default, alternatives, hit)
         except (TypeError, ValueError) as e:
             print(f"jaxformer autotune: ignoring the cached entry {key}: {e}", file=sys.stderr)
     if m != "tune":
@@ -247,7 +276,7 @@ def choose(op: str, fields: dict, default, stages: Sequence[Callable], make_benc
     # caller is being traced (by jit, shard_map, a custom_vjp, ...), and no mesh context of the caller applies.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         best, best_t, default_t = pool.submit(_tune, op, default, stages, make_bench, tol, margin).result()
-    _store(path, key, {"blocks": dataclasses.asdict(best), "us": round(best_t * 1e6, 2),
+    _store(path, key, {"blocks": dataclasses.asdict(best), "kind": _kind(best), "us": round(best_t * 1e6, 2),
                        "default_us": round(default_t * 1e6, 2)})
     print(f"jaxformer autotune: {op} {fields}: {best_t * 1e6:.1f} us (default {default_t * 1e6:.1f}), cached in "
           f"{path}", file=sys.stderr)

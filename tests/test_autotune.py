@@ -119,6 +119,50 @@ def test_a_winner_is_confirmed_by_retiming(tune_env, monkeypatch, capsys):
     assert "confirmed" in capsys.readouterr().err
 
 
+@dataclasses.dataclass(frozen=True)
+class OtherBlocks:  # another backend's block sizes
+    rows: int = 4
+
+
+def test_chooses_another_backend_and_reads_it_back(tune_env, monkeypatch, capsys):
+    """An alternative of another class (another backend's default) wins, its own candidates follow, and the cache
+    names its class: read back as that class, and ignored where that class is not among those tried."""
+    d, alt, alt_fast = Blocks(), OtherBlocks(), OtherBlocks(rows=8)
+    times = {d: 5e-5, alt: 3e-5, alt_fast: 2e-5, Blocks(rows=8): 4e-5}
+    _fake_timer(monkeypatch, times)
+    stages = [lambda best: [alt],
+              lambda best: [OtherBlocks(rows=8)] if isinstance(best, OtherBlocks) else [Blocks(rows=8)]]
+    got = autotune.choose("op", {}, d, stages, _bench(times), interpret=False, alternatives=[alt])
+    assert got == alt_fast and type(got) is OtherBlocks
+    entry = json.loads(tune_env.read_text())[autotune.cache_key("op")]
+    assert entry["kind"].endswith(".OtherBlocks") and entry["blocks"] == {"rows": 8}
+    monkeypatch.setenv(autotune.ENV_MODE, "cache")
+    assert autotune.choose("op", {}, d, stages, _bench(times), interpret=False, alternatives=[alt]) == alt_fast
+    assert autotune.choose("op", {}, d, stages, _bench(times), interpret=False) == d  # e.g. no Mosaic GPU here
+    assert "ignoring the cached entry" in capsys.readouterr().err
+
+
+def test_choose_rowwise_returns_the_module_of_the_choice(monkeypatch):
+    """With another backend's (module, default), the stages after the first are the winner's module's candidates,
+    and the module returned is the one whose blocks were chosen."""
+    import types
+    mod_a = types.SimpleNamespace(candidate_blocks=lambda best, stage: [Blocks(rows=8)])
+    mod_b = types.SimpleNamespace(candidate_blocks=lambda best, stage: [OtherBlocks(rows=8)])
+    seen = []
+
+    def choose(op, fields, default, stages, make_bench, *, interpret, alternatives=()):
+        seen.append((stages[0](default), stages[1](OtherBlocks()), stages[2](default)))
+        return stages[1](OtherBlocks())[0]
+    monkeypatch.setattr(autotune, "choose", choose)
+    module, blocks = autotune.choose_rowwise("op", mod_a, Blocks(), None, [], interpret=False,
+                                             others=[(mod_b, OtherBlocks())])
+    assert module is mod_b and blocks == OtherBlocks(rows=8)
+    assert seen == [([OtherBlocks()], [OtherBlocks(rows=8)], [Blocks(rows=8)])]
+    monkeypatch.undo()  # the real `choose`: interpret mode keeps the default, so the first module
+    assert autotune.choose_rowwise("op", mod_a, Blocks(), None, [], interpret=True, others=[(mod_b, OtherBlocks())]) \
+        == (mod_a, Blocks())
+
+
 def test_small_kernels_are_not_tuned(tune_env, monkeypatch, capsys):
     """Under MIN_TUNE_US with the default blocks, no candidate is tried (a few us to gain, within the noise)."""
     d, fast = Blocks(), Blocks(rows=8)
@@ -280,7 +324,7 @@ def test_row_kernels_ask_the_autotuner_per_shard(op, monkeypatch):
     a candidate it returns, under a 2-way data mesh): the key names the per-shard rows; the result is unchanged."""
     asked, used = [], []
 
-    def choose(op_, fields, default, stages, make_bench, *, interpret):
+    def choose(op_, fields, default, stages, make_bench, *, interpret, alternatives=()):
         asked.append((op_, fields))
         return stages[1](stages[0](default)[1])[-1]  # some candidate: 2-row forward tiles, a deep backward
 
@@ -310,7 +354,7 @@ def test_row_kernels_ask_the_autotuner_per_shard(op, monkeypatch):
         got = _outs(jax.jit(fn), (jax.device_put(x, sharding), jax.device_put(res, sharding), scale))
     assert _max_err(got, want) < 2e-5
     assert {a[0] for a in asked} == {"bias_gelu" if op == "bias_gelu" else "bdrln"}
-    assert all(fields["rows"] == 16 and fields["backend"] == "triton" for _, fields in asked)
+    assert all(fields["rows"] == 16 and fields["backend"] == "auto" for _, fields in asked)
     assert {name for name, _ in used} == {"forward", "backward"}
     assert all(b.block_rows == 2 and b.bwd_num_stages == 3 for _, b in used)
 
@@ -324,17 +368,19 @@ def test_row_kernels_tune_and_read_the_cache_on_gpu(op, tune_env, monkeypatch):
         args = _bdrln_args(4096, 1024, jnp.bfloat16)
         kw = dict(seed=jnp.array([5, 6], jnp.uint32), rate=0.1, eps=1e-12)
         fn = lambda blocks: lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, blocks=blocks)  # noqa: E731
-        module = bdrln.kernel
+        module, other = bdrln.kernel, bdrln.kernel_mgpu
     else:
         args = (jax.random.normal(jax.random.key(1), (4096, 3072), jnp.bfloat16),
                 jax.random.normal(jax.random.key(2), (3072,)))
-        module = bias_gelu._PerShape.pick(args[0], 0.0)[0]  # Mosaic GPU on Hopper, else Triton
+        module = bias_gelu._PerShape.pick(args[0], 0.1)[0]  # Mosaic GPU on Hopper, else Triton
+        other = bias_gelu._k if module is bias_gelu._k_mgpu else bias_gelu._k_mgpu
         backend = "mgpu" if module is bias_gelu._k_mgpu else "triton"
         fn = lambda blocks: lambda *a: bias_gelu.bias_gelu(  # noqa: E731
             *a, seed=jnp.array([5, 6], jnp.uint32), rate=0.1, blocks=blocks,
             backend="auto" if blocks is None else backend)
-    few = module.candidate_blocks
-    monkeypatch.setattr(module, "candidate_blocks", lambda around, stage: few(around, stage=stage)[:2])
+    for m in (module, other):  # "auto" also times the other backend's default, then the winner's candidates
+        few = m.candidate_blocks
+        monkeypatch.setattr(m, "candidate_blocks", lambda around, stage, few=few: few(around, stage=stage)[:2])
     tuned = jax.jit(lambda a: _outs(fn(None), a))(args)
     entries = json.loads(tune_env.read_text())
     (key,) = entries

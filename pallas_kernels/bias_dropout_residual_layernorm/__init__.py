@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _pallas as pk
 from .. import autotune
-from .._mgpu import per_shape, resolve_backend
+from .._mgpu import other_backend, per_shape, resolve_backend
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
@@ -42,8 +42,12 @@ class _PerShape:
         register_sums = _k_mgpu.default_blocks(rows, width, rate=rate).bwd_register_sums
         if rows < (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS):
             return _k, _k.default_blocks(rows, width, rate=rate)
-        return per_shape(_k_mgpu, _k, rows, width, lambda b: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, b),
-                         rate=rate)
+        return per_shape(_k_mgpu, _k, rows, width, _PerShape.takes(x, out_dtype), rate=rate)
+
+    @staticmethod
+    def takes(x, out_dtype):
+        """Raises ValueError where the Mosaic GPU kernels cannot take the shard `x` with `blocks`."""
+        return lambda blocks: _k_mgpu.check_shape(*x.shape, x.dtype, out_dtype, blocks)
 
 
 # The kernel modules behind the public functions (same forward/backward contract): Triton, Mosaic GPU (Hopper), or
@@ -91,20 +95,25 @@ def _fused(x, bias, residual, scale, shift, seed, *, rate, eps, interpret, block
 def _kernels(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, interpret):
     """(kernel module, blocks) for this shard's (rows, D): the backend's module ("auto": `_PerShape.pick`) and
     `blocks` if given, else the autotuner's choice (cached, or tuned now under JAXFORMER_AUTOTUNE=tune:
-    `pallas_kernels.autotune`), else the module's default table. Called by the forward and the backward alike (the
+    `pallas_kernels.autotune`; with "auto" it may pick the other backend), else the module's default table. Called by
+    the forward and the backward alike (the
     same shard shape and dtypes, so the same module): the forward's trace tunes, the backward's reads the same cache
     entry."""
     rows, d = x.shape
+    out_dtype = (x if residual is None else residual).dtype
+    others = []  # with "auto", the other backend's default is timed too when tuning
     if kernels is _PerShape:
-        kernels, default = _PerShape.pick(x, (x if residual is None else residual).dtype, rate)
+        kernels, default = _PerShape.pick(x, out_dtype, rate)
+        others = other_backend(kernels, _k_mgpu, _k, rows, d, _PerShape.takes(x, out_dtype), rate=rate)
+        backend = "auto"  # the blocks' class selects the module
     else:
         default = kernels.default_blocks(rows, d, rate=rate)
+        backend = "mgpu" if kernels is _k_mgpu else "triton"
     if blocks is not None:
         return kernels, blocks
     operands = dict(x=x, bias=bias, residual=residual, scale=scale, shift=shift)
     names = tuple(operands)  # names only in what the tuner's thread runs: no tracer of this trace goes there
     present = [name for name in names if operands[name] is not None]
-    backend = "mgpu" if kernels is _k_mgpu else "triton"
     seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
 
     def fn(blocks_):
@@ -115,9 +124,9 @@ def _kernels(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, int
                                                    backend=backend)
         return op
 
-    return kernels, autotune.choose_rowwise(
-        "bdrln", kernels, default, fn, [operands[name] for name in present], interpret=interpret, backend=backend,
-        rows=rows, d=d, dtype=x.dtype.name, residual=None if residual is None else residual.dtype.name,
+    return autotune.choose_rowwise(
+        "bdrln", kernels, default, fn, [operands[name] for name in present], interpret=interpret, others=others,
+        backend=backend, rows=rows, d=d, dtype=x.dtype.name, residual=None if residual is None else residual.dtype.name,
         bias=bias is not None, dropout=bool(rate))
 
 

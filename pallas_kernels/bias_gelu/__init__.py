@@ -18,7 +18,7 @@ from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
-from .._mgpu import check_rows, per_shape, resolve_backend
+from .._mgpu import check_rows, other_backend, per_shape, resolve_backend
 
 
 class _PerShape:
@@ -30,13 +30,15 @@ class _PerShape:
     @staticmethod
     def pick(x, rate: float):
         """The kernel module for the shard `x` (rows, width) and its default blocks (for dropout `rate`)."""
-        rows, width = x.shape
+        return per_shape(_k_mgpu, _k, *x.shape, _PerShape.takes(x), rate=rate)
 
+    @staticmethod
+    def takes(x):
+        """Raises ValueError where the Mosaic GPU kernels cannot take the shard `x` with `blocks`."""
         def takes(b):
-            check_rows(rows, width, x.dtype, b.block_rows, "block_rows")
-            check_rows(rows, width, x.dtype, b.bwd_block_rows, "bwd_block_rows")
-
-        return per_shape(_k_mgpu, _k, rows, width, takes, rate=rate)
+            check_rows(*x.shape, x.dtype, b.block_rows, "block_rows")
+            check_rows(*x.shape, x.dtype, b.bwd_block_rows, "bwd_block_rows")
+        return takes
 
 
 # The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, Mosaic GPU (Hopper), or the
@@ -67,24 +69,27 @@ def bias_gelu(x, bias, *, seed=None, rate: float = 0.0, interpret: bool | None =
 def _kernels(kernels, blocks, x, bias, *, rate, interpret):
     """(kernel module, blocks) for this shard x (rows, F): the backend's module ("auto": `_PerShape.pick`) and
     `blocks` if given, else the autotuner's choice (cached, or tuned now under JAXFORMER_AUTOTUNE=tune:
-    `pallas_kernels.autotune`), else the module's default table. The forward's trace tunes, the backward's reads
-    the same cache entry."""
+    `pallas_kernels.autotune`; with "auto" it may pick the other backend), else the module's default table. The
+    forward's trace tunes, the backward's reads the same cache entry."""
+    others = []  # with "auto", the other backend's default is timed too when tuning
     if kernels is _PerShape:
         kernels, default = _PerShape.pick(x, rate)
+        others = other_backend(kernels, _k_mgpu, _k, *x.shape, _PerShape.takes(x), rate=rate)
+        backend = "auto"  # the blocks' class selects the module
     else:
         default = kernels.default_blocks(*x.shape, rate=rate)
+        backend = "mgpu" if kernels is _k_mgpu else "triton"
     if blocks is not None:
         return kernels, blocks
-    backend = "mgpu" if kernels is _k_mgpu else "triton"
     seed = np.array([1, 2], np.uint32) if rate else None  # numpy: a jnp array here is a tracer of the caller's jit
 
     def fn(blocks_):
         return lambda x_, b_: bias_gelu(x_, b_, seed=seed, rate=rate, interpret=False, blocks=blocks_,
                                         backend=backend)
 
-    return kernels, autotune.choose_rowwise("bias_gelu", kernels, default, fn, (x, bias), interpret=interpret,
-                                            backend=backend, rows=x.shape[0], f=x.shape[1], dtype=x.dtype.name,
-                                            dropout=bool(rate))
+    return autotune.choose_rowwise("bias_gelu", kernels, default, fn, (x, bias), interpret=interpret, others=others,
+                                   backend=backend, rows=x.shape[0], f=x.shape[1], dtype=x.dtype.name,
+                                   dropout=bool(rate))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
