@@ -16,9 +16,10 @@ follow. A kernel the default runs in under 25 us is not tuned.
 
 What it is worth, measured (kernels-h200.md, kernels-h100.md): the backend choice moved BDRLN at 32768x1024 with
 dropout on an H100 from Mosaic GPU to Triton, 218.7 -> 206.5 us of device time (session 22); block sizes alone
-nothing yet at BERT's shapes. On an H200 no candidate beat the BDRLN table; on an H100 (whose tables were never measured) the first timing harnesses picked
-candidates 5-40% "faster" that `benchmarks/kernels.py` and the train step found no faster, which is why winners are
-now re-timed. Tuning one key takes 1-5 minutes of compiles. It is for shapes and GPUs the tables never saw.
+nothing yet at BERT's shapes. On an H200 no candidate beat the BDRLN table; on an H100 (whose tables were never
+measured) the first timing harnesses picked candidates 5-40% "faster" that `benchmarks/kernels.py` and the train
+step found no faster, which is why winners are now re-timed. Tuning one key takes 1-5 minutes of compiles. It is
+for shapes and GPUs the tables never saw.
 
     JAXFORMER_AUTOTUNE        cache (default): use cached choices, else the default table
                               tune (or 1): also tune keys the cache lacks (progress on stderr)
