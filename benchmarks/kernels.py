@@ -73,12 +73,8 @@ def copy_bandwidth(repeats, scale=1):
     percentages against it are conservative for the timed operators (their time includes launch gaps).
     """
     x = jax.random.normal(jax.random.key(0), (64 * 1024 * 1024 // scale,), jnp.float32)  # 256 MB
-    if jax.default_backend() == "gpu":
-        from jaxformer.hlo_profile import profile_compiled
-        buffers, calls = itertools.cycle([x, x + 0]), 20
-        times = profile_compiled(jax.jit(lambda x: x + 1).lower(x).compile(), (next(buffers),), calls,
-                                 carry=lambda out, args: (next(buffers),), log=lambda m: None)
-        return 2 * x.nbytes / (sum(times.values()) / calls * 1e-9)
+    if jax.default_backend() == "gpu":  # two buffers alternating, 20 calls
+        return 2 * x.nbytes / device_time(lambda a: a[0] + 1, (x,), 20, min_bytes=2 * x.nbytes)
     t = per_iteration(lambda x: (x[0] + 1,), (x,), repeats)
     return 2 * x.nbytes / t
 

@@ -94,34 +94,21 @@ def resolve_backend(backends: dict, backend: str, blocks) -> str:
     raise ValueError(f"blocks={blocks!r} must be a kernel.Blocks (Triton) or a kernel_mgpu.Blocks (Mosaic GPU)")
 
 
-def per_shape(mgpu_module, triton_module, rows: int, width: int, takes, **kw):
-    """A `backend="auto"` choice for a (rows, width) shard: (`mgpu_module`, its default blocks) on Hopper or newer where
-    `takes(blocks)` raises no ValueError (the module's shape checks), else (`triton_module`, its default blocks).
-    `kw` goes to both modules' `default_blocks` (bias+GELU's take the dropout rate)."""
+def per_shape(mgpu_module, triton_module, rows: int, width: int, takes, *, prefer_mgpu: bool = True,
+              **kw) -> list:
+    """The backends that take a (rows, width) shard, each as (module, its default blocks), the `backend="auto"` choice
+    first: `mgpu_module` on Hopper or newer where `takes(blocks)` raises no ValueError (the module's shape checks),
+    first when `prefer_mgpu`, and `triton_module`, which takes every shape. The autotuner times the others too.
+    `kw` goes to both modules' `default_blocks` (the dropout rate)."""
+    found = [(triton_module, triton_module.default_blocks(rows, width, **kw))]
     if mgpu_module.supported():
         blocks = mgpu_module.default_blocks(rows, width, **kw)
         try:
             takes(blocks)
-            return mgpu_module, blocks
+            found.insert(0 if prefer_mgpu else 1, (mgpu_module, blocks))
         except ValueError:
             pass
-    return triton_module, triton_module.default_blocks(rows, width, **kw)
-
-
-def other_backend(chosen, mgpu_module, triton_module, rows: int, width: int, takes, **kw) -> list:
-    """For the autotuner under `backend="auto"`: [(module, its default blocks)] of the backend the rule did not pick
-    (`chosen`), where it takes the shape: Triton always, Mosaic GPU on Hopper or newer where `takes(blocks)` raises no
-    ValueError; else []."""
-    if chosen is mgpu_module:
-        return [(triton_module, triton_module.default_blocks(rows, width, **kw))]
-    if mgpu_module.supported():
-        blocks = mgpu_module.default_blocks(rows, width, **kw)
-        try:
-            takes(blocks)
-            return [(mgpu_module, blocks)]
-        except ValueError:
-            pass
-    return []
+    return found
 
 
 def interpret_available() -> bool:

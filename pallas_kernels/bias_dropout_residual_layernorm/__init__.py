@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _pallas as pk
 from .. import autotune
-from .._mgpu import other_backend, per_shape, resolve_backend
+from .._mgpu import per_shape, resolve_backend
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
@@ -38,16 +38,17 @@ class _PerShape:
     def pick(x, out_dtype, rate: float = 0.0):
         """The kernel module for the shard `x` (rows, D) whose output is in `out_dtype`, and its default blocks (for
         dropout `rate`)."""
-        rows, width = x.shape
-        register_sums = _k_mgpu.default_blocks(rows, width, rate=rate).bwd_register_sums
-        if rows < (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS):
-            return _k, _k.default_blocks(rows, width, rate=rate)
-        return per_shape(_k_mgpu, _k, rows, width, _PerShape.takes(x, out_dtype), rate=rate)
+        return _PerShape.backends(x, out_dtype, rate)[0]
 
     @staticmethod
-    def takes(x, out_dtype):
-        """Raises ValueError where the Mosaic GPU kernels cannot take the shard `x` with `blocks`."""
-        return lambda blocks: _k_mgpu.check_shape(*x.shape, x.dtype, out_dtype, blocks)
+    def backends(x, out_dtype, rate: float = 0.0) -> list:
+        """Every backend that takes the shard, (module, default blocks), `pick`'s first (`_mgpu.per_shape`)."""
+        rows, width = x.shape
+        register_sums = _k_mgpu.default_blocks(rows, width, rate=rate).bwd_register_sums
+        return per_shape(_k_mgpu, _k, rows, width,
+                         lambda blocks: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, blocks),
+                         prefer_mgpu=rows >= (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS),
+                         rate=rate)
 
 
 # The kernel modules behind the public functions (same forward/backward contract): Triton, Mosaic GPU (Hopper), or
@@ -96,15 +97,12 @@ def _kernels(kernels, blocks, x, bias, residual, scale, shift, *, rate, eps, int
     """(kernel module, blocks) for this shard's (rows, D): the backend's module ("auto": `_PerShape.pick`) and
     `blocks` if given, else the autotuner's choice (cached, or tuned now under JAXFORMER_AUTOTUNE=tune:
     `pallas_kernels.autotune`; with "auto" it may pick the other backend), else the module's default table. Called by
-    the forward and the backward alike (the
-    same shard shape and dtypes, so the same module): the forward's trace tunes, the backward's reads the same cache
-    entry."""
+    the forward and the backward alike (the same shard shape and dtypes, so the same module): the forward's trace
+    tunes, the backward's reads the same cache entry."""
     rows, d = x.shape
-    out_dtype = (x if residual is None else residual).dtype
     others = []  # with "auto", the other backend's default is timed too when tuning
     if kernels is _PerShape:
-        kernels, default = _PerShape.pick(x, out_dtype, rate)
-        others = other_backend(kernels, _k_mgpu, _k, rows, d, _PerShape.takes(x, out_dtype), rate=rate)
+        (kernels, default), *others = _PerShape.backends(x, (x if residual is None else residual).dtype, rate)
         backend = "auto"  # the blocks' class selects the module
     else:
         default = kernels.default_blocks(rows, d, rate=rate)

@@ -18,7 +18,7 @@ from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
 from . import reference
-from .._mgpu import check_rows, other_backend, per_shape, resolve_backend
+from .._mgpu import check_rows, per_shape, resolve_backend
 
 
 class _PerShape:
@@ -28,17 +28,17 @@ class _PerShape:
     the per-shard shape, each with its own default blocks."""
 
     @staticmethod
-    def pick(x, rate: float):
+    def pick(x, rate: float = 0.0):
         """The kernel module for the shard `x` (rows, width) and its default blocks (for dropout `rate`)."""
-        return per_shape(_k_mgpu, _k, *x.shape, _PerShape.takes(x), rate=rate)
+        return _PerShape.backends(x, rate)[0]
 
     @staticmethod
-    def takes(x):
-        """Raises ValueError where the Mosaic GPU kernels cannot take the shard `x` with `blocks`."""
+    def backends(x, rate: float = 0.0) -> list:
+        """Every backend that takes the shard, (module, default blocks), `pick`'s first (`_mgpu.per_shape`)."""
         def takes(b):
             check_rows(*x.shape, x.dtype, b.block_rows, "block_rows")
             check_rows(*x.shape, x.dtype, b.bwd_block_rows, "bwd_block_rows")
-        return takes
+        return per_shape(_k_mgpu, _k, *x.shape, takes, rate=rate)
 
 
 # The kernel modules behind `bias_gelu` (same forward/backward contract): Triton, Mosaic GPU (Hopper), or the
@@ -73,8 +73,7 @@ def _kernels(kernels, blocks, x, bias, *, rate, interpret):
     forward's trace tunes, the backward's reads the same cache entry."""
     others = []  # with "auto", the other backend's default is timed too when tuning
     if kernels is _PerShape:
-        kernels, default = _PerShape.pick(x, rate)
-        others = other_backend(kernels, _k_mgpu, _k, *x.shape, _PerShape.takes(x), rate=rate)
+        (kernels, default), *others = _PerShape.backends(x, rate)
         backend = "auto"  # the blocks' class selects the module
     else:
         default = kernels.default_blocks(*x.shape, rate=rate)
