@@ -31,6 +31,14 @@ def supported() -> bool:
         return False
 
 
+def device_kind() -> str:
+    """The first device's kind ("NVIDIA H100 80GB HBM3", "NVIDIA H200", ...), "" where there is none to ask."""
+    try:
+        return str(jax.devices()[0].device_kind)
+    except Exception:  # no runtime: the rules fall back to their defaults
+        return ""
+
+
 def row_block_candidates(around, rows: tuple[int, ...], *, stage: str) -> list:
     """Block sizes to try around `around` for the row-wise Mosaic GPU kernels (the `Blocks` of both share these
     fields): rows per pipeline step (`rows`), tiles in flight and programs (1 or 2 per SM of an H100/H200)."""

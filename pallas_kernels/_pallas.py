@@ -101,6 +101,55 @@ def store(ref, value, mask):
     pltriton.store(ref, value.astype(ref.dtype), mask=mask)
 
 
+def column_sums(*partials, interpret: bool, block_cols: int = 32, chunk_rows: int = 64, num_warps: int = 4):
+    """Each (G, D) float32 array of `partials` summed over its G rows, as a (1, D) float32 array, all in one kernel
+    launch (None stays None): the backward kernels' per-program partial sums of the parameter gradients. XLA runs one
+    reduction kernel per array, ~1.5-2 us each at BDRLN's sizes, mostly launch and ramp (kernels-h100.md, "Session
+    21"). Program (k, j) sums columns j·block_cols.. of array k in `chunk_rows`-row chunks, in a fixed order: the sums
+    are deterministic (no atomics)."""
+    present = [i for i, p in enumerate(partials) if p is not None]
+    if not present:
+        return partials
+    arrays = [partials[i] for i in present]
+    g, d = arrays[0].shape
+    for a in arrays:
+        if a.shape != (g, d) or a.dtype != jnp.float32:
+            raise ValueError(f"partials must all be ({g}, {d}) float32, got {a.shape} {a.dtype}")
+    n, gp = len(arrays), next_pow2(g)
+    chunk = min(chunk_rows, gp)
+
+    def kernel(*refs):
+        ins, outs = refs[:n], refs[n:]
+        k, j = pl.program_id(0), pl.program_id(1)
+        cols = j * block_cols + jnp.arange(block_cols, dtype=jnp.int32)
+        col_ok = (cols < d)[None, :]
+
+        for i in range(n):
+            @pl.when(k == i)
+            def _(i=i):
+                def add(c, acc):
+                    rows = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
+                    return acc + load(ins[i].at[pl.ds(c * chunk, chunk), :], (rows < g)[:, None] & col_ok)
+
+                acc = jax.lax.fori_loop(0, pl.cdiv(g, chunk), add, jnp.zeros((chunk, block_cols), jnp.float32))
+                store(outs[i], jnp.sum(acc, axis=0, keepdims=True), col_ok)
+
+    sums = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((1, d), jnp.float32)] * n,
+        grid=(n, pl.cdiv(d, block_cols)),
+        in_specs=[pl.BlockSpec((gp, block_cols), lambda k, j: (0, j))] * n,
+        out_specs=[pl.BlockSpec((1, block_cols), lambda k, j: (0, j))] * n,
+        compiler_params=compiler_params(num_warps),
+        interpret=interpret,
+        name="column_sums",
+    )(*arrays)
+    out = [None] * len(partials)
+    for i, s in zip(present, sums):
+        out[i] = s
+    return tuple(out)
+
+
 def _batch_axes(mesh) -> tuple[str, ...]:
     return tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
 

@@ -51,6 +51,33 @@ def _bdrln_case(shape, dtype, rate, seed, interpret=None, **backend):
                (x, bias, res, scale, shift), dtype, k[6])
 
 
+def _column_sums_case(g, d, interpret=None):
+    """`column_sums` of three fresh (g, d) float32 arrays (one absent) against float64 sums; twice, bit-equal."""
+    from pallas_kernels import _pallas as pk
+    ps = [jax.random.normal(k, (g, d), jnp.float32) for k in jax.random.split(jax.random.key(g * d), 3)]
+    interpret = pk.resolve_interpret(interpret)
+    out = pk.column_sums(ps[0], None, ps[1], ps[2], interpret=interpret)
+    assert out[1] is None and len(out) == 4
+    for o, p in zip(out[:1] + out[2:], ps):
+        assert o.shape == (1, d) and o.dtype == jnp.float32
+        ref = np.asarray(p, np.float64).sum(0, keepdims=True)
+        assert np.abs(np.asarray(o) - ref).max() <= 1e-6 * max(np.abs(ref).max(), 1.0) * np.sqrt(g)
+    again = pk.column_sums(ps[0], None, ps[1], ps[2], interpret=interpret)
+    for a, b in zip(out[:1] + out[2:], again[:1] + again[2:]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a fixed order: deterministic
+
+
+@pytest.mark.parametrize("g,d", [(7, 1000), (130, 40), (256, 768)])
+def test_column_sums_match_numpy(g, d):
+    _column_sums_case(g, d)
+
+
+def test_column_sums_names_mismatched_partials():
+    from pallas_kernels import _pallas as pk
+    with pytest.raises(ValueError, match="float32"):
+        pk.column_sums(jnp.zeros((4, 8)), jnp.zeros((4, 9)), interpret=True)
+
+
 @pytest.mark.parametrize("shape,dtype,rate", [
     ((2, 5, 96), jnp.float32, 0.0),       # rows not a multiple of the tile, width not a power of two
     ((3, 7, 40), jnp.float32, 0.3),
@@ -287,6 +314,12 @@ def test_model_mlm_cross_entropy_pallas_equals_xla_and_logits():
 def test_gpu_bdrln(rows, width, dtype):
     _bdrln_case((rows, width), dtype, 0.1, seed=rows + width, interpret=False)
     _bdrln_case((rows, width), dtype, 0.0, seed=rows + width + 1, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("g,d", [(256, 768), (513, 1024), (7, 1000)])
+def test_gpu_column_sums(g, d):
+    _column_sums_case(g, d, interpret=False)
 
 
 @pytest.mark.gpu

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _mgpu, autotune
 from .. import _pallas as pk
-from .. import autotune
 from .._mgpu import per_shape, resolve_backend
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
@@ -22,6 +22,10 @@ from . import reference
 
 MIN_MGPU_ROWS = 16384  # Mosaic GPU from this many rows where its backward sums columns in SMEM only ...
 MIN_MGPU_ROWS_REGISTER_SUMS = 8192  # ... and from this many where it carries some in registers (768 and 1024 wide)
+# Where one GPU kind measured Triton faster although the rule above picks Mosaic GPU: {(device-kind substring, width):
+# rows from which Triton runs}. The H100 at 32768 x 1024 with dropout: Triton 203.3-206.5 us of device time, Mosaic
+# GPU 216.6-219.8 (sessions 21-22, kernels-h100.md); at 16384 x 1024 the two were equal.
+TRITON_FROM_ROWS = {("H100", 1024): 32768}
 
 
 class _PerShape:
@@ -32,7 +36,8 @@ class _PerShape:
     had Mosaic GPU's time at 0.83-1.00 (H200) and 0.87-1.00 (H100) of Triton's at 16384 and 32768 rows and 1.03-1.29
     at 8192 rows, before its register sums; with them, BERT-base's train step at B64 S128 (8192 rows of 768) ran
     2.0-2.8% faster on Mosaic GPU (session 21, H200, alternating), and at 8192 rows of 1024 (BERT-large) the op took
-    47.1 against Triton's 50.3 us of device time with dropout, 49.9 against 52.7 without (session 22, H200)."""
+    47.1 against Triton's 50.3 us of device time with dropout, 49.9 against 52.7 without (session 22, H200). Except
+    where `TRITON_FROM_ROWS` names the GPU kind and width (the H100 at 1024 wide from 32768 rows)."""
 
     @staticmethod
     def pick(x, out_dtype, rate: float = 0.0):
@@ -45,10 +50,13 @@ class _PerShape:
         """Every backend that takes the shard, (module, default blocks), `pick`'s first (`_mgpu.per_shape`)."""
         rows, width = x.shape
         register_sums = _k_mgpu.default_blocks(rows, width, rate=rate).bwd_register_sums
+        prefer = rows >= (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS)
+        if prefer:
+            kind = _mgpu.device_kind()
+            prefer = not any(w == width and name in kind and rows >= r for (name, w), r in TRITON_FROM_ROWS.items())
         return per_shape(_k_mgpu, _k, rows, width,
                          lambda blocks: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, blocks),
-                         prefer_mgpu=rows >= (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS),
-                         rate=rate)
+                         prefer_mgpu=prefer, rate=rate)
 
 
 # The kernel modules behind the public functions (same forward/backward contract): Triton, Mosaic GPU (Hopper), or
@@ -145,15 +153,16 @@ def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, ke
 
 
 def _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy):
-    """The backward kernels per batch shard: dx, d_residual and the per-program partial sums (G, D) of d_scale,
-    d_shift and d_bias (None without a bias)."""
+    """The backward kernels per batch shard: dx, d_residual and the sums (1, D) per shard of d_scale, d_shift and
+    d_bias (None without a bias), the kernel's per-program partials summed by `column_sums`."""
     x, bias, residual, scale, shift, seed, mean, rstd = res
 
     def run(row_offset, x, residual, mean, rstd, dy, bias, scale, seed):
         k, blocks_ = _kernels(kernels, blocks, x, bias, residual, scale, shift, rate=rate, eps=eps,
                               interpret=interpret)
-        return k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy, rate=rate,
-                          interpret=interpret, blocks=blocks_)
+        dx, dres, *partials = k.backward(x, bias, residual, scale, pk.seed_words(seed, row_offset), mean, rstd, dy,
+                                         rate=rate, interpret=interpret, blocks=blocks_)
+        return dx, dres, *pk.column_sums(*partials, interpret=interpret)  # (1, D) per shard, one launch
 
     dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
                                                                             seed)
@@ -165,9 +174,10 @@ def _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy):
 def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
     _, bias, _, scale, shift, *_ = res
     dx, dres, dscale, dshift, dbias = _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy)
-    # Three sums of the per-program partials. One variadic `lax.reduce` with three outputs saved 2-3 us per call at
-    # 8192 rows (one launch, not three; H100) but nothing in the train step, and on a pipeline x data mesh the SPMD
-    # partitioner all-gathered around it (20 all-gathers in tests/test_pipeline.py; session 21).
+    # The per-shard sums summed over the batch shards (one device: a (1, D) reshape, no kernel). Within a shard the
+    # three partial sums are one `column_sums` launch: three XLA reductions cost 4.7-5.1 us at 8192 rows (session 22)
+    # and one variadic `lax.reduce` made the SPMD partitioner all-gather around it on a pipeline x data mesh
+    # (20 all-gathers in tests/test_pipeline.py; session 21).
     total = lambda p, like: None if p is None else jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
     return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
 
