@@ -1,13 +1,19 @@
 """Session 23: BDRLN fwd+bwd with its three per-program partial sums reduced by one `column_sums` kernel (main) or by
-three XLA reductions (session 22: `jnp.sum` per array), each backend, device time on rotated inputs (`common.py`).
+three XLA reductions (session 22: `jnp.sum` per array), each backend, device time on rotated inputs
+(`session22/common.py`).
 
     PYTHONPATH=. python benchmarks/gpu_scripts/session23/ab_colsums.py [--shapes 8192x768,...] [--rates 0.1,0]
 """
-import jax.numpy as jnp
-from common import bdrln_inputs, copy_device_time, fwd_bwd_time, header, keys, parse
+import os
+import sys
 
-import pallas_kernels._pallas as pk
-import pallas_kernels.bias_dropout_residual_layernorm as bdrln
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "session22"))  # its common.py
+from common import bdrln_inputs, copy_device_time, fwd_bwd_time, header, keys, parse  # noqa: E402
+
+import pallas_kernels._pallas as pk  # noqa: E402
+import pallas_kernels.bias_dropout_residual_layernorm as bdrln  # noqa: E402
 
 KERNEL = pk.column_sums
 

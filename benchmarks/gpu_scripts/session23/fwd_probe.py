@@ -1,13 +1,18 @@
 """Session 23: BDRLN's forward kernel per size against XLA's `x + residual` (the same traffic: two bf16 (R, D) arrays
-in, one out), device time on rotated inputs (`common.py`), to split the forward's time into a fixed part and a rate.
+in, one out), device time on rotated inputs (`session22/common.py`), to split the forward's time into a fixed part
+and a rate.
 
     PYTHONPATH=. python benchmarks/gpu_scripts/session23/fwd_probe.py [--rows 2048,...] [--widths 768,1024]
 """
 import argparse
 
-from common import bdrln_inputs, cold_profile, copy_device_time, header, keys
+import os
+import sys
 
-import pallas_kernels.bias_dropout_residual_layernorm as bdrln
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "session22"))  # its common.py
+from common import bdrln_inputs, cold_profile, copy_device_time, header, keys  # noqa: E402
+
+import pallas_kernels.bias_dropout_residual_layernorm as bdrln  # noqa: E402
 
 
 def main():
