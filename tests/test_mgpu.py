@@ -277,7 +277,7 @@ def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     """BDRLN's default backend ("auto"): Triton off Hopper; on Hopper+ Mosaic GPU for shards of >= MIN_MGPU_ROWS rows
     (>= MIN_MGPU_ROWS_REGISTER_SUMS where its backward carries column sums in registers: 768 and 1024 wide) where its
     shape checks pass (measured faster there, sessions 20-22), Triton below that, where they fail, and where
-    `TRITON_FROM_ROWS` names the GPU (the H100 at 32768 x 1024)."""
+    `TRITON_FROM_ROWS` names the GPU (the H100 at 32768 x 1024 with dropout)."""
     import pallas_kernels.bias_dropout_residual_layernorm as ln
     bf = jnp.bfloat16
     monkeypatch.setattr(ln._k_mgpu, "supported", lambda: False)
@@ -293,10 +293,11 @@ def test_bdrln_auto_backend_picks_per_shape(monkeypatch):
     assert ln._PerShape.pick(jnp.zeros((16384, 1000), bf), bf)[0] is ln._k  # no multiple of the lanes
     assert ln._PerShape.pick(jnp.zeros((32768, 1024), bf), bf)[0] is ln._k_mgpu
     monkeypatch.setattr(ln._mgpu, "device_kind", lambda: "NVIDIA H100 80GB HBM3")  # TRITON_FROM_ROWS
-    assert ln._PerShape.pick(jnp.zeros((32768, 1024), bf), bf)[0] is ln._k
-    assert [m for m, _ in ln._PerShape.backends(jnp.zeros((32768, 1024), bf), bf)] == [ln._k, ln._k_mgpu]
-    assert ln._PerShape.pick(jnp.zeros((16384, 1024), bf), bf)[0] is ln._k_mgpu
-    assert ln._PerShape.pick(jnp.zeros((32768, 768), bf), bf)[0] is ln._k_mgpu
+    assert ln._PerShape.pick(jnp.zeros((32768, 1024), bf), bf, 0.1)[0] is ln._k  # with dropout only
+    assert [m for m, _ in ln._PerShape.backends(jnp.zeros((32768, 1024), bf), bf, 0.1)] == [ln._k, ln._k_mgpu]
+    assert ln._PerShape.pick(jnp.zeros((32768, 1024), bf), bf)[0] is ln._k_mgpu
+    assert ln._PerShape.pick(jnp.zeros((16384, 1024), bf), bf, 0.1)[0] is ln._k_mgpu
+    assert ln._PerShape.pick(jnp.zeros((32768, 768), bf), bf, 0.1)[0] is ln._k_mgpu
     x = jnp.zeros((8, 256), jnp.float32)
     with pytest.raises(ValueError, match=r"must be a kernel.Blocks \(Triton\) or a kernel_mgpu.Blocks"):
         ln.layer_norm(x, jnp.ones(256), jnp.zeros(256), eps=1e-12, blocks=bg_mgpu.Blocks())

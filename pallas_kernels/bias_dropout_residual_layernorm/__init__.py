@@ -22,9 +22,10 @@ from . import reference
 
 MIN_MGPU_ROWS = 16384  # Mosaic GPU from this many rows where its backward sums columns in SMEM only ...
 MIN_MGPU_ROWS_REGISTER_SUMS = 8192  # ... and from this many where it carries some in registers (768 and 1024 wide)
-# Where one GPU kind measured Triton faster although the rule above picks Mosaic GPU: {(device-kind substring, width):
-# rows from which Triton runs}. The H100 at 32768 x 1024 with dropout: Triton 203.3-206.5 us of device time, Mosaic
-# GPU 216.6-219.8 (sessions 21-22, kernels-h100.md); at 16384 x 1024 the two were equal.
+# Where one GPU kind measured Triton faster with dropout although the rule above picks Mosaic GPU: {(device-kind
+# substring, width): rows from which Triton runs when rate > 0}. The H100 at 32768 x 1024, p = 0.1: Triton 203.3-206.6
+# us of device time, Mosaic GPU 215.2-219.8 (sessions 21-23); at 16384 x 1024 the two were equal, and at p = 0 Mosaic
+# GPU was faster there (218.2 against 225.2; kernels-h100.md, "Session 23").
 TRITON_FROM_ROWS = {("H100", 1024): 32768}
 
 
@@ -37,7 +38,7 @@ class _PerShape:
     at 8192 rows, before its register sums; with them, BERT-base's train step at B64 S128 (8192 rows of 768) ran
     2.0-2.8% faster on Mosaic GPU (session 21, H200, alternating), and at 8192 rows of 1024 (BERT-large) the op took
     47.1 against Triton's 50.3 us of device time with dropout, 49.9 against 52.7 without (session 22, H200). Except
-    where `TRITON_FROM_ROWS` names the GPU kind and width (the H100 at 1024 wide from 32768 rows)."""
+    with dropout where `TRITON_FROM_ROWS` names the GPU kind and width (the H100 at 1024 wide from 32768 rows)."""
 
     @staticmethod
     def pick(x, out_dtype, rate: float = 0.0):
@@ -53,7 +54,8 @@ class _PerShape:
         prefer = rows >= (MIN_MGPU_ROWS_REGISTER_SUMS if register_sums else MIN_MGPU_ROWS)
         if prefer:
             kind = _mgpu.device_kind()
-            prefer = not any(w == width and name in kind and rows >= r for (name, w), r in TRITON_FROM_ROWS.items())
+            prefer = not (rate and any(w == width and name in kind and rows >= r
+                                       for (name, w), r in TRITON_FROM_ROWS.items()))
         return per_shape(_k_mgpu, _k, rows, width,
                          lambda blocks: _k_mgpu.check_shape(rows, width, x.dtype, out_dtype, blocks),
                          prefer_mgpu=prefer, rate=rate)
