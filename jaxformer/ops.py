@@ -32,7 +32,9 @@ written on the GEMM's 2-D output, which XLA puts into the GEMM's cuBLAS bias epi
 H100, session 18, and again on the H200, session 19); elsewhere all Triton. The forward stays Triton's: its Mosaic
 GPU form (`BlockSizes.mgpu_fwd`, opt-in) showed no gain in timed chains or the train step (session 20).
 (****) On Hopper-or-newer GPUs, for shards of >= 8192 rows at 768 and 1024 wide (>= 16384 at wider shapes) where its
-shape checks pass, the Mosaic GPU version (`bdrln/kernel_mgpu.py`; `backend="auto"`, the default, sessions 20-22).
+shape checks pass, the Mosaic GPU version (`bdrln/kernel_mgpu.py`; `backend="auto"`, the default, sessions 20-22;
+on an H100 at 32768 rows of 1024 with dropout Triton's, session 23). Either backward's partial sums of the parameter
+gradients are added up by one `column_sums` launch (`pallas_kernels/_pallas.py`).
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
