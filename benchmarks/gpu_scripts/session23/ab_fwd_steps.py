@@ -1,0 +1,43 @@
+"""Session 23: BDRLN's Mosaic GPU forward with 2 or 3 (the default) tiles in flight, alternating over rounds, forward
+kernel device time on rotated inputs, p = 0.1 (`session22/common.py`): run 7 had 2 in flight 3.8 us faster at
+32768x1024 in one pass, inside the default's spread between runs (52.6-55.9 us).
+
+    PYTHONPATH=. python benchmarks/gpu_scripts/session23/ab_fwd_steps.py [--rounds 3] [--shapes 8192x1024,...]
+"""
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "session22"))  # its common.py
+from common import bdrln_inputs, cold_profile, copy_device_time, header, keys  # noqa: E402
+
+import pallas_kernels.bias_dropout_residual_layernorm as bdrln  # noqa: E402
+from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", default="8192x1024,16384x1024,32768x1024,8192x768,32768x768")
+    a = ap.parse_args()
+    _, gbs = copy_device_time()
+    header("BDRLN Mosaic GPU forward, p = 0.1, tiles in flight", a.calls, ["shape", "round", "3 (default)", "2"], gbs)
+    key, seed = keys()
+    for shape in a.shapes.split(","):
+        rows, d = (int(v) for v in shape.split("x"))
+        args = bdrln_inputs(key, rows, d)
+        base = kernel_mgpu.default_blocks(rows, d, rate=0.1)
+        fns = [lambda t, b=b: (bdrln.bias_dropout_residual_layernorm(*t, seed=seed, rate=0.1, eps=1e-12,
+                                                                     backend="mgpu", blocks=b),)
+               for b in (base, dataclasses.replace(base, max_concurrent_steps=2))]
+        for r in range(a.rounds):
+            us = [sum(cold_profile(fn, args, a.calls).values()) / a.calls / 1e3 for fn in (fns if r % 2 == 0
+                                                                                            else fns[::-1])]
+            us = us if r % 2 == 0 else us[::-1]
+            print(f"| {shape} | {r} | {us[0]:.2f} | {us[1]:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
