@@ -56,10 +56,10 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
-    """4 rows per step, 3 (forward) and 2 (backward) steps in flight, 2 programs per SM: the fastest or within 1.4 us
-    of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs) at 8192-32768 rows of 768
-    and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21"; 8 rows of 768 per forward
-    step, the default before, took 15.2 against 13.8 us at 8192 rows).
+    """4 rows per step, 3 (forward; 2 wider than 768) and 2 (backward) steps in flight, 2 programs per SM: the
+    fastest or within 1.4 us of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs)
+    at 8192-32768 rows of 768 and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21";
+    8 rows of 768 per forward step, the default before, took 15.2 against 13.8 us at 8192 rows).
 
     The backward's column sums in registers: all three where they take at most 72 per thread (3 x 4 rows x 768 / 128
     threads; 10-35% less backward time than in SMEM at 768 wide, session 21); else, with dropout (`rate`), d_scale's
@@ -67,12 +67,16 @@ def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     (session 22, H200 device time, backward kernel at 8192 / 16384 / 32768 rows, 0 / 1 / 2 / 3 sums in registers):
     with dropout 28.3 / **26.0** / 27.6 / 35.0, 52.9 / **48.2** / 53.9 / 66.5 and 99.5 / **90.6** / 101.6 / 127.6 us
     (the hash's registers); without 24.2 / 20.8 / **18.5** / 24.8, 44.0 / 38.3 / **37.1** / 48.7 and 81.8 / 69.8 /
-    **69.3** / 92.3."""
+    **69.3** / 92.3.
+
+    The forward keeps 3 tiles in flight up to 768 wide and 2 wider: at 1024 wide, p = 0.1, 2 took 14.8-15.0 / 26.8-27.0
+    / 51.2-51.4 us at 8192 / 16384 / 32768 rows against 3's 15.1-15.2 / 27.8-27.9 / 52.9-53.7, while at 768 wide 3 stays
+    faster (40.5 against 44.0 us at 32768 rows; H200 device time, three alternating rounds, session 23)."""
     del rows
     blocks = Blocks()
     per_sum = blocks.bwd_block_rows * width // _mgpu.WARPGROUP  # float32 registers per thread for one sum
     n_reg = 3 if 3 * per_sum <= 72 else 1 if rate and per_sum <= 32 else 2 if 2 * per_sum <= 64 else 0
-    return dataclasses.replace(blocks, bwd_register_sums=n_reg)
+    return dataclasses.replace(blocks, bwd_register_sums=n_reg, max_concurrent_steps=3 if width <= 768 else 2)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:

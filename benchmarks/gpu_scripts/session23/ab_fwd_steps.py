@@ -1,6 +1,7 @@
-"""Session 23: BDRLN's Mosaic GPU forward with 2 or 3 (the default) tiles in flight, alternating over rounds, forward
-kernel device time on rotated inputs, p = 0.1 (`session22/common.py`): run 7 had 2 in flight 3.8 us faster at
-32768x1024 in one pass, inside the default's spread between runs (52.6-55.9 us).
+"""Session 23: BDRLN's Mosaic GPU forward with 3 or 2 tiles in flight, alternating over rounds, forward kernel device
+time on rotated inputs (`session22/common.py`): run 7 had 2 in flight 3.8 us faster than 3 (then the default
+everywhere) at 32768x1024 in one pass, inside the default's spread between runs (52.6-55.9 us); run 8 (this script,
+p = 0.1) made 2 the default at 1024 wide.
 
     PYTHONPATH=. python benchmarks/gpu_scripts/session23/ab_fwd_steps.py [--rounds 3] [--shapes 8192x1024,...]
 """
@@ -21,17 +22,18 @@ def main():
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="8192x1024,16384x1024,32768x1024,8192x768,32768x768")
+    ap.add_argument("--rate", type=float, default=0.1)
     a = ap.parse_args()
     _, gbs = copy_device_time()
-    header("BDRLN Mosaic GPU forward, p = 0.1, tiles in flight", a.calls, ["shape", "round", "3 (default)", "2"], gbs)
+    header(f"BDRLN Mosaic GPU forward, p = {a.rate}, tiles in flight", a.calls, ["shape", "round", "3", "2"], gbs)
     key, seed = keys()
     for shape in a.shapes.split(","):
         rows, d = (int(v) for v in shape.split("x"))
         args = bdrln_inputs(key, rows, d)
-        base = kernel_mgpu.default_blocks(rows, d, rate=0.1)
-        fns = [lambda t, b=b: (bdrln.bias_dropout_residual_layernorm(*t, seed=seed, rate=0.1, eps=1e-12,
+        base = kernel_mgpu.default_blocks(rows, d, rate=a.rate)
+        fns = [lambda t, b=b: (bdrln.bias_dropout_residual_layernorm(*t, seed=seed, rate=a.rate, eps=1e-12,
                                                                      backend="mgpu", blocks=b),)
-               for b in (base, dataclasses.replace(base, max_concurrent_steps=2))]
+               for b in (dataclasses.replace(base, max_concurrent_steps=k) for k in (3, 2))]
         for r in range(a.rounds):
             us = [sum(cold_profile(fn, args, a.calls).values()) / a.calls / 1e3 for fn in (fns if r % 2 == 0
                                                                                             else fns[::-1])]
