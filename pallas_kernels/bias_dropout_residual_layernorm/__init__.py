@@ -177,9 +177,9 @@ def _bwd(rate, eps, interpret, blocks, kernels, res, dy):
     _, bias, _, scale, shift, *_ = res
     dx, dres, dscale, dshift, dbias = _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy)
     # The per-shard sums summed over the batch shards (one device: a (1, D) reshape, no kernel). Within a shard the
-    # three partial sums are one `column_sums` launch: three XLA reductions cost 4.7-5.1 us at 8192 rows (session 22)
-    # and one variadic `lax.reduce` made the SPMD partitioner all-gather around it on a pipeline x data mesh
-    # (20 all-gathers in tests/test_pipeline.py; session 21).
+    # three partial sums are one `column_sums` launch, 2.2-3.3 us of device time against three XLA reductions' 4.8-7.1
+    # (H200, session 23); one variadic `lax.reduce` instead made the SPMD partitioner all-gather around it on a
+    # pipeline x data mesh (20 all-gathers in tests/test_pipeline.py; session 21).
     total = lambda p, like: None if p is None else jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
     return (dx, total(dbias, bias), dres, total(dscale, scale), total(dshift, shift), None)
 
