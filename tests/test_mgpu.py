@@ -158,9 +158,10 @@ def _bdrln_case(rows, width, dtype, rate, row_offset, *, plain=False, interpret,
 def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
     for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
-        # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers
+        # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers, and its dropout
+        # mask drawn a step ahead or not
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
-                                fwd_direct_store=direct)
+                                fwd_direct_store=direct, fwd_mask_ahead=direct)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -172,8 +173,9 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
     default = ln_mgpu.default_blocks(rows, width, rate=rate)
     for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:  # every other split of the column sums (registers /
-        # SMEM), with the other store of the forward's y
-        other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store)
+        # SMEM), with the other store of the forward's y and the other draw of its mask
+        other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store,
+                                    fwd_mask_ahead=not default.fwd_mask_ahead)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

@@ -44,6 +44,9 @@ class Blocks:
     # The forward's y from registers straight to GMEM (as the backward's dx), not through SMEM and TMA: the forward
     # kernel 0-0.7 us faster at every BERT shape, p = 0 and 0.1 (H200 device time, session 22).
     fwd_direct_store: bool = True
+    # The forward draws the next tile's dropout mask at the end of each step (a loop carry; the first tile's before the
+    # pipeline starts), so no tile waits for its own hash after its data arrive.
+    fwd_mask_ahead: bool = True
     # How many of the backward's column sums (d_scale, d_shift, d_bias, in that order) are register loop carries; the
     # others are SMEM tiles (`default_blocks` says how many fit).
     bwd_register_sums: int = 0
@@ -157,15 +160,21 @@ def check_shape(rows: int, width: int, x_dtype, out_dtype, blocks: Blocks) -> No
     _check(rows, width, (x_dtype, out_dtype), blocks.bwd_block_rows, "bwd_block_rows", _vec(x_dtype, out_dtype))
 
 
-def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate):
-    """h = residual + dropout(x + bias), float32, and the keep mask (or None), as kernel.py's `_h`."""
+def _keep(t: _Tile, seeds, first_row, *, width, rate):
+    """The dropout keep mask of the tile whose first row is `first_row`."""
+    s0, s1, offset = seeds
+    return t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate)
+
+
+def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate, keep=None):
+    """h = residual + dropout(x + bias), float32, and the keep mask (or None), as kernel.py's `_h`; `keep`: the
+    tile's mask if already drawn."""
     h = t.load(x_smem)
     if bias is not None:
         h = h + bias
-    keep = None
     if rate:
-        s0, s1, offset = seeds
-        keep = t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate)
+        if keep is None:
+            keep = _keep(t, seeds, first_row, width=width, rate=rate)
         h = jnp.where(keep, h * keep_scale(rate), 0.0)
     if res_smem is not None:
         h = h + t.load(res_smem)
@@ -196,6 +205,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     programs, steps = split_programs(rows // br, blocks.programs)
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
+    ahead = bool(rate) and blocks.fwd_mask_ahead
 
     def body(*refs):
         it = iter(refs)
@@ -209,9 +219,12 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         seeds = _seeds(seed_gmem, rate)
 
         def step(idx, *smem):
+            if ahead:
+                *smem, keep = smem
             x_smem, r_smem = smem[0], smem[1] if has_res else None
             first_row = (p * steps + idx[0]) * br
-            h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate)
+            h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate,
+                      keep=keep if ahead else None)
             mean = jnp.sum(h, axis=1) / width
             centered = h - t.rows(mean)
             rstd = lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
@@ -222,12 +235,17 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                 view(smem[-1])[...] = y
             t.store(mean_gmem.at[pl.ds(first_row, br)], mean)
             t.store(rstd_gmem.at[pl.ds(first_row, br)], rstd)
+            if ahead:  # the next tile's mask (none after the last tile)
+                return lax.cond(idx[0] + 1 < steps,
+                                lambda: _keep(t, seeds, first_row + br, width=width, rate=rate), lambda: keep)
+            return None
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         ins = [x_gmem] + ([r_gmem] if has_res else [])
         pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[] if direct else [spec],
-                 max_concurrent_steps=blocks.max_concurrent_steps,
-                 interpret=interpret)(*ins, *([] if direct else [y_gmem]))
+                 max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret,
+                 init_carry=_keep(t, seeds, p * steps * br, width=width, rate=rate) if ahead else None,
+                 )(*ins, *([] if direct else [y_gmem]))
 
     args = [flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else []) + [scale, shift,
                                                                                                seed_words]
