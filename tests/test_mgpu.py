@@ -364,6 +364,8 @@ def test_bdrln_mgpu_default_register_sums_per_width_and_rate():
     # the forward's tiles in flight: 3 up to 768 wide, 2 wider (session 23)
     assert ln_mgpu.default_blocks(8192, 768, rate=0.1).max_concurrent_steps == 3
     assert ln_mgpu.default_blocks(32768, 1024, rate=0.1).max_concurrent_steps == 2
+    assert ln_mgpu.default_blocks(8192, 768, rate=0.1).fwd_mask_ahead  # the mask a step ahead up to 768 wide
+    assert not ln_mgpu.default_blocks(8192, 1024, rate=0.1).fwd_mask_ahead
 
 
 def test_bias_gelu_mgpu_default_blocks_per_rate():

@@ -45,8 +45,8 @@ class Blocks:
     # kernel 0-0.7 us faster at every BERT shape, p = 0 and 0.1 (H200 device time, session 22).
     fwd_direct_store: bool = True
     # The forward draws the next tile's dropout mask at the end of each step (a loop carry; the first tile's before the
-    # pipeline starts), so no tile waits for its own hash after its data arrive.
-    fwd_mask_ahead: bool = True
+    # pipeline starts), so no tile waits for its own hash after its data arrive (`default_blocks`: at <= 768 wide).
+    fwd_mask_ahead: bool = False
     # How many of the backward's column sums (d_scale, d_shift, d_bias, in that order) are register loop carries; the
     # others are SMEM tiles (`default_blocks` says how many fit).
     bwd_register_sums: int = 0
@@ -74,12 +74,16 @@ def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
 
     The forward keeps 3 tiles in flight up to 768 wide and 2 wider: at 1024 wide, p = 0.1, 2 took 14.8-15.0 / 26.8-27.0
     / 51.2-51.4 us at 8192 / 16384 / 32768 rows against 3's 15.1-15.2 / 27.8-27.9 / 52.9-53.7, while at 768 wide 3 stays
-    faster (40.5 against 44.0 us at 32768 rows; H200 device time, three alternating rounds, session 23)."""
+    faster (40.5 against 44.0 us at 32768 rows; H200 device time, three alternating rounds, session 23). Its dropout
+    mask is drawn a step ahead (`fwd_mask_ahead`) up to 768 wide: 0.3 us less per call at 2048 and 8192 rows of 768
+    (12.57-12.65 against 12.92-12.95 us), 0.1-0.3 at 32768, while at 1024 wide it cost 0.3-0.5 / 0.8-1.1 us at 8192 /
+    32768 rows (its carried mask's registers; same method, session 23)."""
     del rows
     blocks = Blocks()
     per_sum = blocks.bwd_block_rows * width // _mgpu.WARPGROUP  # float32 registers per thread for one sum
     n_reg = 3 if 3 * per_sum <= 72 else 1 if rate and per_sum <= 32 else 2 if 2 * per_sum <= 64 else 0
-    return dataclasses.replace(blocks, bwd_register_sums=n_reg, max_concurrent_steps=3 if width <= 768 else 2)
+    return dataclasses.replace(blocks, bwd_register_sums=n_reg, max_concurrent_steps=3 if width <= 768 else 2,
+                               fwd_mask_ahead=width <= 768)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
