@@ -7,7 +7,8 @@ warpgroup per program, a contiguous run of `steps` tiles of `block_rows` rows ea
 use a row layout: warp w holds rows w, w+4, ...; its 32 lanes take 16-byte vectors along D, so a warp reads 512
 contiguous bytes and the row statistics (mean, variance, and the backward's two row means) are lane shuffles inside
 one warp, no SMEM and no barrier. Row statistics (R,) float32 are stored straight from registers to GMEM (a TMA box
-of 4 floats would break SMEM's 128-byte alignment), and so is the forward's y (`Blocks.fwd_direct_store`). Backward:
+of 4 floats would break SMEM's 128-byte alignment), and so is the forward's y (`Blocks.fwd_direct_store`); the
+forward can draw each tile's dropout mask a step ahead, as a loop carry (`Blocks.fwd_mask_ahead`). Backward:
 inputs stream through the TMA pipeline as above, the next tile's (mean, rstd) are prefetched from GMEM as a loop
 carry, dx and d_residual go from registers straight to GMEM; the scale/shift/bias gradients are summed elementwise
 over the program's tiles, the first `Blocks.bwd_register_sums` of them as register loop carries (as many as fit next
