@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import pallas_kernels._pallas as pk
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
 import pallas_kernels.softmax as softmax
@@ -53,7 +54,6 @@ def _bdrln_case(shape, dtype, rate, seed, interpret=None, **backend):
 
 def _column_sums_case(g, d, interpret=None):
     """`column_sums` of three fresh (g, d) float32 arrays (one absent) against float64 sums; twice, bit-equal."""
-    from pallas_kernels import _pallas as pk
     ps = [jax.random.normal(k, (g, d), jnp.float32) for k in jax.random.split(jax.random.key(g * d), 3)]
     interpret = pk.resolve_interpret(interpret)
     out = pk.column_sums(ps[0], None, ps[1], ps[2], interpret=interpret)
@@ -73,7 +73,6 @@ def test_column_sums_match_numpy(g, d):
 
 
 def test_column_sums_names_mismatched_partials():
-    from pallas_kernels import _pallas as pk
     with pytest.raises(ValueError, match="float32"):
         pk.column_sums(jnp.zeros((4, 8)), jnp.zeros((4, 9)), interpret=True)
 

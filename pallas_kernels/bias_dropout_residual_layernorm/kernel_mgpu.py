@@ -224,12 +224,12 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         seeds = _seeds(seed_gmem, rate)
 
         def step(idx, *smem):
+            keep = None  # drawn in this step unless carried from the last (`ahead`)
             if ahead:
                 *smem, keep = smem
             x_smem, r_smem = smem[0], smem[1] if has_res else None
             first_row = (p * steps + idx[0]) * br
-            h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate,
-                      keep=keep if ahead else None)
+            h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate, keep=keep)
             mean = jnp.sum(h, axis=1) / width
             centered = h - t.rows(mean)
             rstd = lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
