@@ -25,13 +25,9 @@ _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -
           -1.42647390514189e-02)
 
 
-def erf_f32(x, *, approx: bool = False):
-    """erf of a float32 array from multiplies, adds and one divide (max abs error ~1e-7 in float32).
-
-    `approx=True` replaces the divide by a product with 1/Q from a reciprocal square root: Q(x²) < 0 (every Q
-    coefficient is negative), so 1/Q = -rsqrt(-Q)². Inside a Mosaic GPU kernel with `approx_math` that is PTX
-    `rsqrt.approx.f32` (relative error ~2^-22.9, so ~2^-22 for 1/Q) and two multiplies, where the divide is an IEEE
-    `div.rn.f32` of about ten instructions; elsewhere rsqrt may itself be exact and slower."""
+def erf_f32(x):
+    """erf of a float32 array from multiplies, adds and one divide (max abs error ~1e-7 in float32). The Mosaic GPU
+    bias+GELU kernels use the same polynomials with 1/Q as `rcp.approx.ftz` (`bias_gelu/kernel_mgpu.py`)."""
     x = jnp.clip(x, -4.0, 4.0)
     x2 = x * x
     p = jnp.float32(_ERF_P[0])
@@ -40,9 +36,6 @@ def erf_f32(x, *, approx: bool = False):
     q = jnp.float32(_ERF_Q[0])
     for b in _ERF_Q[1:]:
         q = q * x2 + jnp.float32(b)
-    if approx:
-        r = jax.lax.rsqrt(-q)
-        return -(x * p) * (r * r)
     return x * p / q
 
 
@@ -50,8 +43,7 @@ _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
 
 
-def gelu_and_grad(h, *, approx: bool = False):
-    """Exact GELU u·Φ(u) and its derivative Φ(u) + u·φ(u), float32, from kernel-safe operations (`approx`: erf's
-    divide as `erf_f32(approx=True)`)."""
-    cdf = 0.5 * (1.0 + erf_f32(h * _SQRT_HALF, approx=approx))
+def gelu_and_grad(h):
+    """Exact GELU u·Φ(u) and its derivative Φ(u) + u·φ(u), float32, from kernel-safe operations."""
+    cdf = 0.5 * (1.0 + erf_f32(h * _SQRT_HALF))
     return h * cdf, cdf + h * jnp.exp(-0.5 * h * h) * _INV_SQRT_2PI

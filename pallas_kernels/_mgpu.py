@@ -158,6 +158,24 @@ def iota(n: int, vec: int, interpret: bool):
     return plgpu.broadcasted_iota(jnp.uint32, (n,), 0, layout=plgpu.Layout.WG_STRIDED((n,), vec))
 
 
+def reciprocal(x, vec: int, interpret: bool, *, approx: bool = True):
+    """1/x of a float32 WG_STRIDED array. `approx`: PTX `rcp.approx.ftz.f32`, one MUFU.RCP per element (at most 1
+    ulp from 1/x; inputs and results below 2^-126 flush to zero). Mosaic GPU has no Pallas-level op for it: `x / y`
+    is an IEEE `div.rn.f32` (about ten instructions), and `lax.rsqrt` under `approx_math` is `rsqrt.approx.f32`
+    without `.ftz`, which ptxas wraps in a denormal test and two predicated multiplies (bias+GELU's SASS, session
+    24), so the instruction goes in through `plgpu.inline_mgpu`. Interpret mode (and `approx=False`): `1 / x`."""
+    if interpret or not approx:
+        return 1.0 / x
+    layout = plgpu.Layout.WG_STRIDED(tuple(x.shape), vec)
+
+    @plgpu.inline_mgpu(arg_types=(layout,),
+                       return_type=plgpu.ShapeDtypeStruct(tuple(x.shape), jnp.float32, layout))
+    def rcp(_, a):
+        return a._pointwise(type(a)._lift_fast_instr("rcp.approx.ftz.f32"))
+
+    return rcp(x)
+
+
 def zeros(n: int, vec: int, interpret: bool):
     """float32 zeros (n,) in the WG_STRIDED layout (a loop carry must keep one layout; a bare constant is splat)."""
     return strided(jnp.zeros((n,), jnp.float32), vec, interpret)

@@ -24,9 +24,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from .._math import _SQRT_HALF, erf_f32, gelu_and_grad
+from .._math import _ERF_P, _ERF_Q, _SQRT_HALF
 from .. import _mgpu
-from .._mgpu import LANES, check_rows, iota, kernel_call, pipeline, split_programs, strided, supported, vec_size, zeros
+from .._mgpu import (LANES, check_rows, iota, kernel_call, pipeline, reciprocal, split_programs, strided, supported,
+                     vec_size, zeros)
 from ..dropout import keep_mask_lanes, keep_scale
 
 __all__ = ["Blocks", "backward", "default_blocks", "forward", "supported"]
@@ -40,21 +41,21 @@ class Blocks:
     bwd_block_rows: int = 1
     bwd_max_concurrent_steps: int = 3
     bwd_programs: int = 264
-    # exp as ex2.approx (~2 ulp) and erf's divide from rsqrt.approx (`erf_f32`): fwd+bwd 4-6% faster with dropout,
-    # 1-5% without (H200, session 22), within the tests' bound of the reference (float32 1e-5 relative)
+    # exp as ex2.approx.ftz (~2 ulp) and erf's 1/Q as rcp.approx.ftz (<= 1 ulp; `_mgpu.reciprocal`), within the
+    # tests' bound of the reference (float32 1e-5 relative); off: IEEE exp and division
     approx_math: bool = True
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
-    """Forward tiles of ~8K elements without dropout (2 rows of 3072 or 4096), at most 6K with (2 rows of 3072, 1 of
-    4096: 48 per thread, room for the hash); one row per backward step (its registers also hold the bias and the
-    bias-gradient accumulator), 3 steps in flight. From a sweep of rows per step 1/2/4 x steps in flight 2/3/4 x
-    132/264 programs (H200 device time, benchmarks/results/kernels-h200.md, "Session 22"): with dropout 2 rows of
-    4096 per forward step took 59.7 / 225.5 us at 8192 / 32768 rows, 1 row 53.4 / 202.5; without, 1 row was 0-4%
-    slower than 2 and 3072 wide preferred 2 either way; the backward with 3 steps in flight was 0-4% faster than with
-    4 (the default before)."""
+    """Forward tiles of ~8K elements (2 rows of 3072 or 4096); one row per backward step (its registers also hold the
+    bias and the bias-gradient accumulator), 3 steps in flight, 2 without dropout from 4096 wide. Measured on the H200
+    (device time; benchmarks/results/kernels-h200.md, "Session 24"): with the z-form kernels (126/148 registers with
+    dropout, down from 199/240), 2 rows of 4096 per forward step with dropout took 40.9 / 149.5 us at 8192 / 32768
+    rows against 1 row's 42.9 / 160.7 (session 22's kernels were faster with 1: their registers); the backward
+    without dropout at 4096 wide 54.3 / 200.5 us with 2 steps in flight against 58.2 / 219.9 with 3 (with dropout, and
+    at 3072 wide, 3 stayed faster in a sweep of rows per step 1/2 x steps 2/3/4 x 128/256/512 programs)."""
     del rows
-    return Blocks(block_rows=max(1, (6144 if rate else 8192) // width))
+    return Blocks(block_rows=max(1, 8192 // width), bwd_max_concurrent_steps=2 if not rate and width >= 4096 else 3)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
@@ -71,9 +72,40 @@ def _keep(s0, s1, first, n, vec, interpret, rate):
     return keep_mask_lanes((s0, s1), first, iota(n, vec, interpret), rate)
 
 
-def _gelu(h, approx: bool):
-    """u·Φ(u) with the same float32 operations as `gelu_and_grad`'s first output (no derivative computed)."""
-    return h * (0.5 * (1.0 + erf_f32(h * _SQRT_HALF, approx=approx)))
+_LOG2E = 1.4426950408889634
+_INV_SQRT_PI = 0.5641895835477563
+
+
+def _erf_terms(x, bc, k, vec, approx, interpret):
+    """z = (x + b)/√2 and k·(1 + erf(z)), with x the input tile, bc = b/√2 per column and k a constant.
+
+    GELU written in z rather than h = x + b: h·Φ(h) = z·(1 + erf(z))/√2 and Φ(h) + h·φ(h) = (1 + erf(z))/2 +
+    z·exp(-z²)/√π, so z is one multiply-add from x, h never appears, and each pass's constant factor (1/√2 or 1/2,
+    times the dropout scale) goes into the erf polynomial's coefficients. erf is `_math.erf_f32`'s x·P(x²)/Q(x²) on
+    [-4, 4], with 1/Q from `_mgpu.reciprocal` (rcp.approx.ftz). SASS per element, forward with dropout: 38 -> 27
+    instructions (session 24: the rsqrt form's denormal test and predicated multiplies, h's separate add and
+    multiply, the dropout scale's multiply)."""
+    z = x * _SQRT_HALF + bc
+    zc = jnp.clip(z, -4.0, 4.0)
+    t = zc * zc
+    p = jnp.float32(k * _ERF_P[0])
+    for a in _ERF_P[1:]:
+        p = p * t + jnp.float32(k * a)
+    q = jnp.float32(_ERF_Q[0])
+    for b in _ERF_Q[1:]:
+        q = q * t + jnp.float32(b)
+    return z, (zc * p) * reciprocal(q, vec, interpret, approx=approx) + jnp.float32(k)
+
+
+def _gelu_terms(x, bc, scale, vec, approx, interpret):
+    """(z, scale·(1 + erf(z))/√2): the forward's y = z times the second (dropped elements: times 0)."""
+    return _erf_terms(x, bc, scale * _SQRT_HALF, vec, approx, interpret)
+
+
+def _gelu_grad(x, bc, scale, vec, approx, interpret):
+    """scale·(Φ(h) + h·φ(h)) = scale·((1 + erf(z))/2 + z·exp(-z²)/√π), exp as exp2 (ex2.approx.ftz)."""
+    z, a = _erf_terms(x, bc, 0.5 * scale, vec, approx, interpret)
+    return (z * jnp.exp2(z * z * jnp.float32(-_LOG2E))) * jnp.float32(scale * _INV_SQRT_PI) + a
 
 
 def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
@@ -84,21 +116,23 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     n, vec = br * width, vec_size(x.dtype)
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.programs)
+    scale = keep_scale(rate) if rate else 1.0
 
     def body(x_gmem, b_gmem, seed_gmem, y_gmem):
         p = lax.axis_index("p")
-        b = strided(b_gmem[...], vec, interpret)  # (F,) float32, once per program
+        bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF  # (F,) float32 b/√2, once per program
         if rate:
             s0, s1, offset = seed_gmem[0], seed_gmem[1], seed_gmem[2]
 
         def step(idx, x_smem, y_smem):
-            h = x_smem[...].astype(jnp.float32).reshape(br, width) + b
-            y = _gelu(h, blocks.approx_math).reshape(n)
-            if rate:
+            x = x_smem[...].astype(jnp.float32).reshape(br, width)
+            z, cdf = _gelu_terms(x, bc, scale, vec, blocks.approx_math, interpret)
+            z, cdf = z.reshape(n), cdf.reshape(n)
+            if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                y = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), y * keep_scale(rate), 0.0)
-            y_smem[...] = y.astype(y_smem.dtype).reshape(tile)
+                cdf = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), cdf, 0.0)
+            y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         pipeline(step, steps=steps, in_specs=[spec], out_specs=[spec],
@@ -122,22 +156,22 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
         raise ValueError(f"dy.dtype={dy.dtype} must have the itemsize of x.dtype={x.dtype}")
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
+    scale = keep_scale(rate) if rate else 1.0
 
     def body(x_gmem, b_gmem, seed_gmem, dy_gmem, dx_gmem, db_gmem, *acc_smem):
         p = lax.axis_index("p")
-        b = strided(b_gmem[...], vec, interpret)
+        bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF
         if rate:
             s0, s1, offset = seed_gmem[0], seed_gmem[1], seed_gmem[2]
 
         def step(idx, x_smem, dy_smem, dx_smem, acc):
-            h = x_smem[...].astype(jnp.float32).reshape(br, width) + b
-            grad = gelu_and_grad(h, approx=blocks.approx_math)[1].reshape(n)
-            g = dy_smem[...].astype(jnp.float32).reshape(n)
+            x = x_smem[...].astype(jnp.float32).reshape(br, width)
+            grad = _gelu_grad(x, bc, scale, vec, blocks.approx_math, interpret).reshape(n)  # times the scale
             if rate:
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                g = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), g * keep_scale(rate), 0.0)
-            dx = g * grad
+                grad = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), grad, 0.0)
+            dx = dy_smem[...].astype(jnp.float32).reshape(n) * grad
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
             return acc + dx
 
