@@ -370,9 +370,17 @@ def test_bdrln_mgpu_default_register_sums_per_width_and_rate():
     assert not ln_mgpu.default_blocks(8192, 1024, rate=0.1).fwd_mask_ahead
 
 
-def test_bias_gelu_mgpu_default_blocks_per_rate():
-    """Forward tiles of ~8K elements either way (session 24: the z-form's registers leave room for the hash); the
-    backward keeps 3 steps in flight except without dropout from 4096 wide (2)."""
+def test_bias_gelu_mgpu_default_blocks_per_rate(monkeypatch):
+    """Per GPU (session 24): on the H200 (and others) forward tiles of ~8K elements either way and the backward with 3
+    steps in flight except without dropout from 4096 wide (2); on the H100 1 row of 4096 per forward step with
+    dropout and 2 backward steps in flight everywhere."""
+    monkeypatch.setattr(bg_mgpu._mgpu, "device_kind", lambda: "NVIDIA H100 80GB HBM3")
+    assert bg_mgpu.default_blocks(8192, 4096, rate=0.1).block_rows == 1
+    assert bg_mgpu.default_blocks(8192, 3072, rate=0.1).block_rows == 2
+    assert bg_mgpu.default_blocks(8192, 4096).block_rows == 2
+    steps = {bg_mgpu.default_blocks(8192, w, rate=r).bwd_max_concurrent_steps for w in (3072, 4096) for r in (0, .1)}
+    assert steps == {2}
+    monkeypatch.setattr(bg_mgpu._mgpu, "device_kind", lambda: "NVIDIA H200")
     assert bg_mgpu.default_blocks(8192, 4096).block_rows == 2
     assert bg_mgpu.default_blocks(8192, 4096, rate=0.1).block_rows == 2
     assert bg_mgpu.default_blocks(8192, 3072, rate=0.1).block_rows == 2

@@ -47,14 +47,18 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
-    """Forward tiles of ~8K elements (2 rows of 3072 or 4096); one row per backward step (its registers also hold the
-    bias and the bias-gradient accumulator), 3 steps in flight, 2 without dropout from 4096 wide. Measured on the H200
-    (device time; benchmarks/results/kernels-h200.md, "Session 24"): with the z-form kernels (126/148 registers with
-    dropout, down from 199/240), 2 rows of 4096 per forward step with dropout took 40.9 / 149.5 us at 8192 / 32768
-    rows against 1 row's 42.9 / 160.7 (session 22's kernels were faster with 1: their registers); the backward
-    without dropout at 4096 wide 54.3 / 200.5 us with 2 steps in flight against 58.2 / 219.9 with 3 (with dropout, and
-    at 3072 wide, 3 stayed faster in a sweep of rows per step 1/2 x steps 2/3/4 x 128/256/512 programs)."""
+    """One row per backward step (its registers also hold the bias and the bias-gradient accumulator); the rest per
+    GPU, from alternating A/Bs of device time (benchmarks/results/kernels-h200.md and kernels-h100.md, "Session 24"):
+
+    - H200 and others (compute-bound with dropout): forward tiles of ~8K elements (2 rows of 3072 or 4096: with
+      dropout at 4096 wide 40.9 / 149.5 us at 8192 / 32768 rows against 1 row's 42.9 / 160.7, now that the z-form
+      kernels hold 126/148 registers, not 199/240); the backward with 3 steps in flight, 2 without dropout from 4096
+      wide (54.3 / 200.5 us against 58.2 / 219.9; with dropout, and at 3072 wide, 3 stayed faster in a sweep).
+    - H100 (~3.0 TB/s, memory-bound either way): at most 6K elements per forward tile with dropout (1 row of 4096:
+      49.9 / 200.0 us against 2 rows' 51.9 / 211.7) and 2 backward steps in flight everywhere (-1.5 to -22 us)."""
     del rows
+    if "H100" in _mgpu.device_kind():
+        return Blocks(block_rows=max(1, (6144 if rate else 8192) // width), bwd_max_concurrent_steps=2)
     return Blocks(block_rows=max(1, 8192 // width), bwd_max_concurrent_steps=2 if not rate and width >= 4096 else 3)
 
 
