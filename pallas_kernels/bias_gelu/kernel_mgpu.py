@@ -52,10 +52,11 @@ def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
 
     - H200 and others (compute-bound with dropout): forward tiles of ~8K elements (2 rows of 3072 or 4096: with
       dropout at 4096 wide 40.9 / 149.5 us at 8192 / 32768 rows against 1 row's 42.9 / 160.7, now that the z-form
-      kernels hold 126/148 registers, not 199/240); the backward with 3 steps in flight, 2 without dropout from 4096
+      kernels hold 119/155 registers, not 199/240); the backward with 3 steps in flight, 2 without dropout from 4096
       wide (54.3 / 200.5 us against 58.2 / 219.9; with dropout, and at 3072 wide, 3 stayed faster in a sweep).
     - H100 (~3.0 TB/s, memory-bound either way): at most 6K elements per forward tile with dropout (1 row of 4096:
-      49.9 / 200.0 us against 2 rows' 51.9 / 211.7) and 2 backward steps in flight everywhere (-1.5 to -22 us)."""
+      49.9-50.7 / 200.0-202.8 us against 2 rows' 51.9-52.2 / 210.1-211.7) and 2 backward steps in flight
+      everywhere (-1 to -23 us against 3)."""
     del rows
     if "H100" in _mgpu.device_kind():
         return Blocks(block_rows=max(1, (6144 if rate else 8192) // width), bwd_max_concurrent_steps=2)
@@ -86,7 +87,7 @@ def _erf_terms(x, bc, k, vec, approx, interpret):
     GELU written in z rather than h = x + b: h·Φ(h) = z·(1 + erf(z))/√2 and Φ(h) + h·φ(h) = (1 + erf(z))/2 +
     z·exp(-z²)/√π, so z is one multiply-add from x, h never appears, and each pass's constant factor (1/√2 or 1/2,
     times the dropout scale) goes into the erf polynomial's coefficients. erf is `_math.erf_f32`'s x·P(x²)/Q(x²) on
-    [-4, 4], with 1/Q from `_mgpu.reciprocal` (rcp.approx.ftz). SASS per element, forward with dropout: 38 -> 27
+    [-4, 4], with 1/Q from `_mgpu.reciprocal` (rcp.approx.ftz). SASS per element, forward with dropout: 38 -> 29
     instructions (session 24: the rsqrt form's denormal test and predicated multiplies, h's separate add and
     multiply, the dropout scale's multiply)."""
     z = x * _SQRT_HALF + bc

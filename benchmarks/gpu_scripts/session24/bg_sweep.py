@@ -1,5 +1,5 @@
 """Session 24: session 22's block-size sweep of bias+GELU's Mosaic GPU kernels (`session22/ab_bg_sweep.py`), re-run on
-the z-form kernels, whose registers fell from 199/240 (forward/backward with dropout) to 126/148, so that 3 programs
+the z-form kernels, whose registers fell from 199/240 (forward/backward with dropout) to 119/155, so that 3 programs
 per SM now fit: rows per step 1/2 x steps in flight 2/3/4 x programs 132/264/512 (`split_programs` takes the largest
 divisor of the tile count: 128/256/512 here), forward and backward alike;
 device time per kernel on rotated inputs (`session22/common.py`).
