@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 
 from .. import _pallas as pk
 from ..dropout import keep_scale
-from .._math import gelu_and_grad
+from .._math import _SQRT_HALF, divide, gelu_grad, gelu_terms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,21 +53,22 @@ def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
 
 
 def _tile(x_ref, bias_ref, seed_ref, first_row, first_col, *, rows, width, rate, block_rows, block_cols):
+    """x (float32), b/√2 (broadcast over the rows), the keep mask (or None) and the bounds mask of one tile."""
     r = first_row + jnp.arange(block_rows, dtype=jnp.int32)
     c = first_col + jnp.arange(block_cols, dtype=jnp.int32)
     m = (r < rows)[:, None] & (c < width)[None, :]
-    h = pk.load(x_ref, m).astype(jnp.float32) + pk.load(bias_ref, c < width).astype(jnp.float32)[None, :]
+    bc = (pk.load(bias_ref, c < width).astype(jnp.float32) * _SQRT_HALF)[None, :]
     keep = pk.keep(seed_ref, r, first_col, block_cols, width, rate) if rate else None
-    return h, keep, m
+    return pk.load(x_ref, m).astype(jnp.float32), bc, keep, m
 
 
 def _fwd_kernel(x_ref, bias_ref, seed_ref, y_ref, *, rows, width, rate, block_rows, block_cols):
-    h, keep, m = _tile(x_ref, bias_ref, seed_ref, pl.program_id(0) * block_rows, pl.program_id(1) * block_cols,
-                       rows=rows, width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
-    y, _ = gelu_and_grad(h)
+    x, bc, keep, m = _tile(x_ref, bias_ref, seed_ref, pl.program_id(0) * block_rows, pl.program_id(1) * block_cols,
+                           rows=rows, width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
+    z, cdf = gelu_terms(x, bc, keep_scale(rate) if rate else 1.0, divide)  # GELU in z = (x + b)/√2 (`_math`)
     if keep is not None:
-        y = jnp.where(keep, y * keep_scale(rate), 0.0)
-    pk.store(y_ref, y, m)
+        cdf = jnp.where(keep, cdf, 0.0)
+    pk.store(y_ref, z * cdf, m)
 
 
 def _bwd_kernel(x_ref, bias_ref, seed_ref, dy_ref, dx_ref, dbias_ref, *, rows, width, rate, block_rows, block_cols,
@@ -77,13 +78,12 @@ def _bwd_kernel(x_ref, bias_ref, seed_ref, dy_ref, dx_ref, dbias_ref, *, rows, w
 
     def chunk(j, dbias):
         rs = pl.ds(j * block_rows, block_rows)
-        h, keep, m = _tile(x_ref.at[rs, :], bias_ref, seed_ref, first_row + j * block_rows, first_col, rows=rows,
-                           width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
-        _, grad = gelu_and_grad(h)
-        dy = pk.load(dy_ref.at[rs, :], m).astype(jnp.float32)
+        x, bc, keep, m = _tile(x_ref.at[rs, :], bias_ref, seed_ref, first_row + j * block_rows, first_col,
+                               rows=rows, width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
+        grad = gelu_grad(x, bc, keep_scale(rate) if rate else 1.0, divide)  # times the dropout scale
         if keep is not None:
-            dy = jnp.where(keep, dy * keep_scale(rate), 0.0)
-        dx = jnp.where(m, dy * grad, 0.0)
+            grad = jnp.where(keep, grad, 0.0)
+        dx = jnp.where(m, pk.load(dy_ref.at[rs, :], m).astype(jnp.float32) * grad, 0.0)
         pk.store(dx_ref.at[rs, :], dx, m)
         return dbias + jnp.sum(dx, axis=0)
 

@@ -18,13 +18,14 @@ from registers to GMEM and summed by the caller.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from .._math import _ERF_P, _ERF_Q, _SQRT_HALF
+from .._math import _SQRT_HALF, gelu_grad, gelu_terms
 from .. import _mgpu
 from .._mgpu import (LANES, check_rows, iota, kernel_call, pipeline, reciprocal, split_programs, strided, supported,
                      vec_size, zeros)
@@ -77,42 +78,6 @@ def _keep(s0, s1, first, n, vec, interpret, rate):
     return keep_mask_lanes((s0, s1), first, iota(n, vec, interpret), rate)
 
 
-_LOG2E = 1.4426950408889634
-_INV_SQRT_PI = 0.5641895835477563
-
-
-def _erf_terms(x, bc, k, vec, approx, interpret):
-    """z = (x + b)/√2 and k·(1 + erf(z)), with x the input tile, bc = b/√2 per column and k a constant.
-
-    GELU written in z rather than h = x + b: h·Φ(h) = z·(1 + erf(z))/√2 and Φ(h) + h·φ(h) = (1 + erf(z))/2 +
-    z·exp(-z²)/√π, so z is one multiply-add from x, h never appears, and each pass's constant factor (1/√2 or 1/2,
-    times the dropout scale) goes into the erf polynomial's coefficients. erf is `_math.erf_f32`'s x·P(x²)/Q(x²) on
-    [-4, 4], with 1/Q from `_mgpu.reciprocal` (rcp.approx.ftz). SASS per element, forward with dropout: 38 -> 29
-    instructions (session 24: the rsqrt form's denormal test and predicated multiplies, h's separate add and
-    multiply, the dropout scale's multiply)."""
-    z = x * _SQRT_HALF + bc
-    zc = jnp.clip(z, -4.0, 4.0)
-    t = zc * zc
-    p = jnp.float32(k * _ERF_P[0])
-    for a in _ERF_P[1:]:
-        p = p * t + jnp.float32(k * a)
-    q = jnp.float32(_ERF_Q[0])
-    for b in _ERF_Q[1:]:
-        q = q * t + jnp.float32(b)
-    return z, (zc * p) * reciprocal(q, vec, interpret, approx=approx) + jnp.float32(k)
-
-
-def _gelu_terms(x, bc, scale, vec, approx, interpret):
-    """(z, scale·(1 + erf(z))/√2): the forward's y = z times the second (dropped elements: times 0)."""
-    return _erf_terms(x, bc, scale * _SQRT_HALF, vec, approx, interpret)
-
-
-def _gelu_grad(x, bc, scale, vec, approx, interpret):
-    """scale·(Φ(h) + h·φ(h)) = scale·((1 + erf(z))/2 + z·exp(-z²)/√π), exp as exp2 (ex2.approx.ftz)."""
-    z, a = _erf_terms(x, bc, 0.5 * scale, vec, approx, interpret)
-    return (z * jnp.exp2(z * z * jnp.float32(-_LOG2E))) * jnp.float32(scale * _INV_SQRT_PI) + a
-
-
 def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     """x (R, F), bias (F,), seed_words uint32[4] = [seed0, seed1, row_offset, head_offset] -> y (R, F) in x.dtype."""
     rows, width = x.shape
@@ -122,6 +87,7 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.programs)
     scale = keep_scale(rate) if rate else 1.0
+    recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
     def body(x_gmem, b_gmem, seed_gmem, y_gmem):
         p = lax.axis_index("p")
@@ -131,7 +97,7 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
 
         def step(idx, x_smem, y_smem):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
-            z, cdf = _gelu_terms(x, bc, scale, vec, blocks.approx_math, interpret)
+            z, cdf = gelu_terms(x, bc, scale, recip)
             z, cdf = z.reshape(n), cdf.reshape(n)
             if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
                 first_row = (p * steps + idx[0]) * br
@@ -162,6 +128,7 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
     scale = keep_scale(rate) if rate else 1.0
+    recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
     def body(x_gmem, b_gmem, seed_gmem, dy_gmem, dx_gmem, db_gmem, *acc_smem):
         p = lax.axis_index("p")
@@ -171,7 +138,7 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
 
         def step(idx, x_smem, dy_smem, dx_smem, acc):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
-            grad = _gelu_grad(x, bc, scale, vec, blocks.approx_math, interpret).reshape(n)  # times the scale
+            grad = gelu_grad(x, bc, scale, recip).reshape(n)  # times the scale
             if rate:
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)

@@ -5,8 +5,9 @@ scale in the erf polynomial) against session 23's (`old_bg_mgpu.py`), fwd+bwd de
     PYTHONPATH=. python benchmarks/gpu_scripts/session24/ab_gelu_z.py [--shapes 8192x3072,...] [--rates 0.1,0]
         [--variants "old;main;main:block_rows=2"] [--no-baselines]
 
-A variant is `old` (session 23's kernels) or `main`, optionally with `:field=value,...` replacing fields of the
-module's default blocks; the variants run in rotated order over rounds.
+A variant is `old` (session 23's Mosaic GPU kernels), `main`, `old_triton` (1e28d7c's Triton kernels) or `triton`,
+optionally with `:field=value,...` replacing fields of the module's default blocks; the variants run in rotated order
+over rounds.
 """
 import dataclasses
 import os
@@ -19,20 +20,24 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import old_bg_mgpu  # noqa: E402
+import old_bg_triton  # noqa: E402
 import pallas_kernels.bias_gelu as bias_gelu  # noqa: E402
-from pallas_kernels.bias_gelu import kernel_mgpu  # noqa: E402
+from pallas_kernels.bias_gelu import kernel, kernel_mgpu  # noqa: E402
+
+MODULES = {"old": ("mgpu", old_bg_mgpu), "main": ("mgpu", kernel_mgpu), "old_triton": ("triton", old_bg_triton),
+           "triton": ("triton", kernel)}
 
 
-def with_module(module, seed, rate, **fields):
-    """bias_gelu's public function (custom VJP, shard_map) running `module`'s kernels with its default blocks (with
-    `fields` replaced)."""
+def with_module(module, seed, rate, backend="mgpu", **fields):
+    """bias_gelu's public function (custom VJP, shard_map) running `module`'s kernels as `backend` with its default
+    blocks (with `fields` replaced)."""
     def fn(x, b):
-        saved, bias_gelu.BACKENDS["mgpu"] = bias_gelu.BACKENDS["mgpu"], module
+        saved, bias_gelu.BACKENDS[backend] = bias_gelu.BACKENDS[backend], module
         try:
             blocks = dataclasses.replace(module.default_blocks(*x.shape, rate=rate), **fields)
-            return bias_gelu.bias_gelu(x, b, seed=seed, rate=rate, backend="mgpu", blocks=blocks)
+            return bias_gelu.bias_gelu(x, b, seed=seed, rate=rate, backend=backend, blocks=blocks)
         finally:
-            bias_gelu.BACKENDS["mgpu"] = saved
+            bias_gelu.BACKENDS[backend] = saved
     return fn
 
 
@@ -43,7 +48,8 @@ def fields(v: str) -> dict:
 
 
 def variant(v: str) -> str:
-    name = "session 23 (rsqrt)" if v.startswith("old") else "main (z-form, rcp)"
+    name = {"old": "session 23 (rsqrt)", "main": "main (z-form, rcp)", "old_triton": "Triton, h-form",
+            "triton": "Triton, z-form"}[v.partition(":")[0]]
     return name + (f" {v.partition(':')[2]}" if ":" in v else "")
 
 
@@ -72,8 +78,9 @@ def main():
                 row("xla", "-", lambda *t, rate=rate: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate))
                 row("triton", "-", lambda *t, rate=rate: bias_gelu.bias_gelu(*t, seed=seed, rate=rate,
                                                                             backend="triton"))
-            impls = [(variant(v), with_module(old_bg_mgpu if v.startswith("old") else kernel_mgpu, seed, rate,
-                                              **fields(v))) for v in a.variants.split(";")]
+            impls = [(variant(v), with_module(MODULES[v.partition(":")[0]][1], seed, rate,
+                                              MODULES[v.partition(":")[0]][0], **fields(v)))
+                     for v in a.variants.split(";")]
             for r in range(int(a.rounds)):
                 k = r % len(impls)
                 for name, fn in impls[k:] + impls[:k]:
