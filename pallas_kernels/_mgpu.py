@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -158,13 +159,25 @@ def iota(n: int, vec: int, interpret: bool):
     return plgpu.broadcasted_iota(jnp.uint32, (n,), 0, layout=plgpu.Layout.WG_STRIDED((n,), vec))
 
 
+@functools.cache
+def _has_fast_instr() -> bool:
+    from jax.experimental.mosaic import gpu as mgpu
+    ok = all(hasattr(mgpu.FragmentedArray, f) for f in ("_pointwise", "_lift_fast_instr"))
+    if not ok:
+        warnings.warn(f"jax {jax.__version__}: Mosaic GPU's FragmentedArray lacks _pointwise/_lift_fast_instr; "
+                      "bias+GELU's Mosaic GPU kernels divide instead of using rcp.approx.ftz (slower)", stacklevel=2)
+    return ok
+
+
 def reciprocal(x, vec: int, interpret: bool, *, approx: bool = True):
     """1/x of a float32 WG_STRIDED array. `approx`: PTX `rcp.approx.ftz.f32`, one MUFU.RCP per element (at most 1
     ulp from 1/x; inputs and results below 2^-126 flush to zero). Mosaic GPU has no Pallas-level op for it: `x / y`
     is an IEEE `div.rn.f32` (about ten instructions), and `lax.rsqrt` under `approx_math` is `rsqrt.approx.f32`
     without `.ftz`, which ptxas wraps in a denormal test and two predicated multiplies (bias+GELU's SASS, session
-    24), so the instruction goes in through `plgpu.inline_mgpu`. Interpret mode (and `approx=False`): `1 / x`."""
-    if interpret or not approx:
+    24), so the instruction goes in through `plgpu.inline_mgpu` and Mosaic GPU's `FragmentedArray._pointwise` /
+    `_lift_fast_instr` (private: where a jax lacks them, `1 / x` with a warning, once). Interpret mode (and
+    `approx=False`): `1 / x`."""
+    if interpret or not approx or not _has_fast_instr():
         return 1.0 / x
     layout = plgpu.Layout.WG_STRIDED(tuple(x.shape), vec)
 

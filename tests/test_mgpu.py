@@ -210,6 +210,18 @@ def test_mgpu_lowers_for_cuda(op):
     assert not [w for w in caught if "index separately" in str(w.message)]
 
 
+def test_reciprocal_falls_back_to_a_division(monkeypatch):
+    """Where a jax lacks the private Mosaic GPU hooks `_mgpu.reciprocal` uses for rcp.approx.ftz, bias+GELU's kernels
+    still lower, with a division (the shape differs from the test above: no cached trace)."""
+    monkeypatch.setattr(_mgpu, "_has_fast_instr", lambda: False)
+    words = pk.seed_words(jnp.array([1, 2], jnp.uint32))
+    x, v = jnp.zeros((4096, 3072), jnp.bfloat16), jnp.zeros((3072,))
+    fn = functools.partial(bg_mgpu.forward, rate=0.1, interpret=False,
+                           blocks=bg_mgpu.default_blocks(4096, 3072, rate=0.1))
+    text = jax.jit(fn).trace(x, v, words).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @mosaic_gpu" in text and "rcp.approx.ftz.f32" not in text
+
+
 # ------------------------------------------------------------------------------------------------ shape checks
 
 def test_mgpu_rejects_shapes_it_cannot_take():
