@@ -42,6 +42,11 @@ for name in sys.argv[2:]:
         x, b, res, sc, sh = ln_args(rows, width)
         out = ln.forward(x, b, res, sc, sh, sw, rate=RATE, eps=1e-12, interpret=False,
                          blocks=ln.default_blocks(rows, width, RATE))
+    elif kind == "ln_bwd":
+        x, b, res, sc, _ = ln_args(rows, width)
+        st = jnp.ones((rows,), jnp.float32)
+        out = ln.backward(x, b, res, sc, sw, st, st, x, rate=RATE, interpret=False,
+                          blocks=ln.default_blocks(rows, width, RATE))
     else:
         raise SystemExit(f"unknown kernel {kind!r}")
     jax.block_until_ready(out)
