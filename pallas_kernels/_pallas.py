@@ -145,7 +145,7 @@ def column_sums(*partials, interpret: bool, block_cols: int = 16, chunk_rows: in
         interpret=interpret,
         name="column_sums",
     )(*arrays)
-    out = [None] * len(partials)
+    out = list(partials)
     for i, s in zip(present, sums):
         out[i] = s
     return tuple(out)

@@ -93,7 +93,7 @@ def keep_mask_tile(seed0, seed1, row_index, first_col, n_cols: int, width: int, 
 def keep_scale(rate: float) -> float:
     """What a kernel multiplies a kept element by: 1 / (1 - rate), folded to a constant here. `x / (1 - rate)` inside
     a Mosaic GPU kernel is an IEEE division per element (PTX `div.rn.f32`, about ten instructions); the product
-    differs from it by at most one float32 ulp before the cast to the output dtype."""
+    differs from it by at most one float32 ulp before the cast to the output dtype. 1.0 at rate 0."""
     return 1.0 / (1.0 - rate)
 
 

@@ -65,7 +65,7 @@ def _tile(x_ref, bias_ref, seed_ref, first_row, first_col, *, rows, width, rate,
 def _fwd_kernel(x_ref, bias_ref, seed_ref, y_ref, *, rows, width, rate, block_rows, block_cols):
     x, bc, keep, m = _tile(x_ref, bias_ref, seed_ref, pl.program_id(0) * block_rows, pl.program_id(1) * block_cols,
                            rows=rows, width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
-    z, cdf = gelu_terms(x, bc, keep_scale(rate) if rate else 1.0, divide)  # GELU in z = (x + b)/√2 (`_math`)
+    z, cdf = gelu_terms(x, bc, keep_scale(rate), divide)  # GELU in z = (x + b)/√2 (`_math`)
     if keep is not None:
         cdf = jnp.where(keep, cdf, 0.0)
     pk.store(y_ref, z * cdf, m)
@@ -80,7 +80,7 @@ def _bwd_kernel(x_ref, bias_ref, seed_ref, dy_ref, dx_ref, dbias_ref, *, rows, w
         rs = pl.ds(j * block_rows, block_rows)
         x, bc, keep, m = _tile(x_ref.at[rs, :], bias_ref, seed_ref, first_row + j * block_rows, first_col,
                                rows=rows, width=width, rate=rate, block_rows=block_rows, block_cols=block_cols)
-        grad = gelu_grad(x, bc, keep_scale(rate) if rate else 1.0, divide)  # times the dropout scale
+        grad = gelu_grad(x, bc, keep_scale(rate), divide)  # times the dropout scale
         if keep is not None:
             grad = jnp.where(keep, grad, 0.0)
         dx = jnp.where(m, pk.load(dy_ref.at[rs, :], m).astype(jnp.float32) * grad, 0.0)

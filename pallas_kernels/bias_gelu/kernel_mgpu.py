@@ -86,7 +86,7 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     n, vec = br * width, vec_size(x.dtype)
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.programs)
-    scale = keep_scale(rate) if rate else 1.0
+    scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
     def body(x_gmem, b_gmem, seed_gmem, y_gmem):
@@ -127,7 +127,7 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
         raise ValueError(f"dy.dtype={dy.dtype} must have the itemsize of x.dtype={x.dtype}")
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
-    scale = keep_scale(rate) if rate else 1.0
+    scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
     def body(x_gmem, b_gmem, seed_gmem, dy_gmem, dx_gmem, db_gmem, *acc_smem):

@@ -1,0 +1,45 @@
+"""Session 24: instructions per basic block of `nvdisasm -c` listings (`dump_sass.sh`): for each .sass file under
+the directories given, its total and, for each block of more than `--min` instructions, the count and the opcode
+histogram. The main loop is the largest block; divided by the elements each thread handles per step it gives the
+instructions per element quoted in benchmarks/results/kernels-h200.md, "Session 24", 1 and 9.
+
+    python benchmarks/gpu_scripts/session24/sass_counts.py DIR... [--min 60]
+"""
+import argparse
+import collections
+import pathlib
+import re
+
+_LABEL = re.compile(r"\.(L_x_\d+):")
+_INSTR = re.compile(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+
+
+def blocks(path):
+    """[(label, [opcode, ...]), ...] in listing order (predicates and modifiers dropped)."""
+    out, name, cur = [], "entry", []
+    for line in open(path):
+        if m := _LABEL.match(line.strip()):
+            out.append((name, cur))
+            name, cur = m.group(1), []
+        elif m := _INSTR.match(line):
+            cur.append(m.group(2).split(".")[0])
+    return out + [(name, cur)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--min", type=int, default=60)
+    a = ap.parse_args()
+    for d in a.dirs:
+        for f in sorted(pathlib.Path(d).rglob("*.sass")):
+            bs = blocks(f)
+            print(f, sum(len(b) for _, b in bs))
+            for name, b in bs:
+                if len(b) > a.min:
+                    top = collections.Counter(b).most_common(16)
+                    print(f"  {name} {len(b)} " + " ".join(f"{op}:{n}" for op, n in top))
+
+
+if __name__ == "__main__":
+    main()
