@@ -51,6 +51,10 @@ class Blocks:
     # How many of the backward's column sums (d_scale, d_shift, d_bias, in that order) are register loop carries; the
     # others are SMEM tiles (`default_blocks` says how many fit).
     bwd_register_sums: int = 0
+    # The (D,) parameters (bias, LN scale, LN shift) re-read from GMEM (L1/L2-resident) in every step instead of held
+    # in registers for the whole program: at 1024 wide each costs 32 registers per thread next to the tile.
+    fwd_param_reload: bool = False
+    bwd_param_reload: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
@@ -219,11 +223,15 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         s_gmem, t_gmem, seed_gmem, y_gmem, mean_gmem, rstd_gmem = (next(it) for _ in range(6))
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
-        b = t.param(b_gmem) if has_bias else None
-        g, beta = t.param(s_gmem), t.param(t_gmem)
+
+        def params():
+            return (t.param(b_gmem) if has_bias else None), t.param(s_gmem), t.param(t_gmem)
+
+        held = None if blocks.fwd_param_reload else params()
         seeds = _seeds(seed_gmem, rate)
 
         def step(idx, *smem):
+            b, g, beta = held or params()
             keep = None  # drawn in this step unless carried from the last (`ahead`)
             if ahead:
                 *smem, keep = smem
@@ -285,8 +293,11 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
-        b = t.param(b_gmem) if has_bias else None
-        g = t.param(s_gmem)
+
+        def params():
+            return (t.param(b_gmem) if has_bias else None), t.param(s_gmem)
+
+        held = None if blocks.bwd_param_reload else params()
         seeds = _seeds(seed_gmem, rate)
         n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
         for k in range(n_reg, n_acc):
@@ -298,6 +309,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         def step(idx, *smem_and_carry):
             *smem, ((mean_, rstd_), sums) = smem_and_carry
+            b, g = held or params()
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
