@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 LANES = 256  # minor dimension of the GMEM views: TMA boxes are at most 256 elements along each dimension
@@ -189,6 +190,20 @@ def reciprocal(x, vec: int, interpret: bool, *, approx: bool = True):
     return rcp(x)
 
 
+def warpgroup_barrier(interpret: bool) -> None:
+    """`bar.sync` over the program's warpgroup, for kernels compiled with `auto_barriers=False` (`kernel_call`): where
+    one thread reads what another wrote to SMEM, and before the pipeline refetches into a tile slot the step read.
+    Pallas has no op for it, so it goes in through `plgpu.inline_mgpu`. Nothing in interpret mode."""
+    if interpret:
+        return
+
+    @plgpu.inline_mgpu()
+    def bar(_):
+        mgpu.warpgroup_barrier()
+
+    bar()
+
+
 def zeros(n: int, vec: int, interpret: bool):
     """float32 zeros (n,) in the WG_STRIDED layout (a loop carry must keep one layout; a bare constant is splat)."""
     return strided(jnp.zeros((n,), jnp.float32), vec, interpret)
@@ -230,8 +245,10 @@ def split_programs(tiles: int, target: int) -> tuple[int, int]:
 
 
 def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: bool, name: str,
-                scratch_types=(), reduction_scratch_bytes: int | None = None):
-    """`plgpu.kernel` over a 1-D grid of `programs` named "p", one warpgroup each."""
+                scratch_types=(), reduction_scratch_bytes: int | None = None, auto_barriers: bool = True):
+    """`plgpu.kernel` over a 1-D grid of `programs` named "p", one warpgroup each. `auto_barriers=False`: Pallas
+    inserts no warpgroup barrier around stores and before TMA fetches (`CompilerParams.unsafe_no_auto_barriers`);
+    the body then places its own (`warpgroup_barrier`) where threads exchange data through SMEM."""
     # Lane semantics, named explicitly: these kernels place every register layout themselves (WG_STRIDED / TILED
     # casts, iotas with a layout). jax 0.11 changed `CompilerParams.lowering_semantics`'s default from Lane to
     # Warpgroup, whose layout-inference pass (mosaic/gpu/layout_inference.py) fails on them (no solution within its
@@ -239,6 +256,8 @@ def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: 
     params = {"approx_math": approx_math, "lowering_semantics": plgpu.LoweringSemantics.Lane}
     if reduction_scratch_bytes:  # SMEM for cross-warp reductions (default 2 KiB)
         params["reduction_scratch_bytes"] = reduction_scratch_bytes
+    if not auto_barriers:
+        params["unsafe_no_auto_barriers"] = True
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=(programs,), grid_names=("p",),
                         compiler_params=plgpu.CompilerParams(**params),
                         interpret=interpret_params(interpret), kernel_name=name)

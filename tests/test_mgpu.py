@@ -159,10 +159,9 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
     for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
         # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers, and its dropout
-        # mask drawn a step ahead or not; the parameters held in registers or re-read every step
+        # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
-                                fwd_direct_store=direct, fwd_mask_ahead=direct, fwd_param_reload=not direct,
-                                bwd_param_reload=n_reg == 2)
+                                fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -174,12 +173,11 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
     default = ln_mgpu.default_blocks(rows, width, rate=rate)
     for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:  # every other split of the column sums (registers /
-        # SMEM), with the other store of the forward's y, the other draw of its mask and the other hold of the
-        # parameters (registers / re-read each step)
+        # SMEM), with the other store of the forward's y, the other draw of its mask and the other barriers (Pallas'
+        # or the kernels' own)
         other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store,
                                     fwd_mask_ahead=not default.fwd_mask_ahead,
-                                    fwd_param_reload=not default.fwd_param_reload,
-                                    bwd_param_reload=not default.bwd_param_reload)
+                                    auto_barriers=not default.auto_barriers)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

@@ -51,10 +51,10 @@ class Blocks:
     # How many of the backward's column sums (d_scale, d_shift, d_bias, in that order) are register loop carries; the
     # others are SMEM tiles (`default_blocks` says how many fit).
     bwd_register_sums: int = 0
-    # The (D,) parameters (bias, LN scale, LN shift) re-read from GMEM (L1/L2-resident) in every step instead of held
-    # in registers for the whole program: at 1024 wide each costs 32 registers per thread next to the tile.
-    fwd_param_reload: bool = False
-    bwd_param_reload: bool = False
+    # Pallas' automatic warpgroup barriers (before and after every store, GMEM ones included, and before every TMA
+    # fetch: 8 per forward step, up to 11 per backward step); False: one per step, before the pipeline refetches
+    # into the slot the step read, and one before the backward's fold of its column sums.
+    auto_barriers: bool = True
     approx_math: bool = False
 
     def __post_init__(self):
@@ -215,6 +215,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
+    auto = blocks.auto_barriers or not direct  # y through SMEM: keep Pallas' barriers around its stores
 
     def body(*refs):
         it = iter(refs)
@@ -223,15 +224,11 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         s_gmem, t_gmem, seed_gmem, y_gmem, mean_gmem, rstd_gmem = (next(it) for _ in range(6))
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
-
-        def params():
-            return (t.param(b_gmem) if has_bias else None), t.param(s_gmem), t.param(t_gmem)
-
-        held = None if blocks.fwd_param_reload else params()
+        b = t.param(b_gmem) if has_bias else None
+        g, beta = t.param(s_gmem), t.param(t_gmem)
         seeds = _seeds(seed_gmem, rate)
 
         def step(idx, *smem):
-            b, g, beta = held or params()
             keep = None  # drawn in this step unless carried from the last (`ahead`)
             if ahead:
                 *smem, keep = smem
@@ -248,6 +245,8 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                 view(smem[-1])[...] = y
             t.store(mean_gmem.at[pl.ds(first_row, br)], mean)
             t.store(rstd_gmem.at[pl.ds(first_row, br)], rstd)
+            if not auto:  # every warp is done with this step's SMEM tiles before the pipeline refetches into them
+                _mgpu.warpgroup_barrier(interpret)
             if ahead:  # the next tile's mask (none after the last tile)
                 return lax.cond(idx[0] + 1 < steps,
                                 lambda: _keep(t, seeds, first_row + br, width=width, rate=rate), lambda: keep)
@@ -265,7 +264,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
     out = (jax.ShapeDtypeStruct((rows, width) if direct else flat(x).shape, out_dtype), stat, stat)
     y, mean, rstd = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
-                                name="bdrln_fwd_mgpu")(*args)
+                                name="bdrln_fwd_mgpu", auto_barriers=auto)(*args)
     return y.reshape(rows, width), mean, rstd
 
 
@@ -293,11 +292,8 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
-
-        def params():
-            return (t.param(b_gmem) if has_bias else None), t.param(s_gmem)
-
-        held = None if blocks.bwd_param_reload else params()
+        b = t.param(b_gmem) if has_bias else None
+        g = t.param(s_gmem)
         seeds = _seeds(seed_gmem, rate)
         n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
         for k in range(n_reg, n_acc):
@@ -309,7 +305,6 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         def step(idx, *smem_and_carry):
             *smem, ((mean_, rstd_), sums) = smem_and_carry
-            b, g = held or params()
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
@@ -334,8 +329,10 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             if dres_gmem is not None:
                 t.store(dres_gmem.at[rows_], dh.astype(dres_gmem.dtype))
             terms = (d * xhat, d, dx)[:n_acc]
-            for k in range(n_reg, n_acc):
+            for k in range(n_reg, n_acc):  # each thread reads and writes its own elements: no barrier needed
                 t.store(acc_smem.at[k], t.load(acc_smem.at[k]) + terms[k])
+            if not blocks.auto_barriers:  # every warp is done with the SMEM tiles before the pipeline refetches
+                _mgpu.warpgroup_barrier(interpret)
             return next_stats, tuple(s_ + v for s_, v in zip(sums, terms[:n_reg]))
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
@@ -346,6 +343,8 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
                            init_carry=(stats(p * steps), zeros))(*ins)
         for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
             t.store(acc_smem.at[k], s_)
+        if not blocks.auto_barriers:  # the fold reads rows other warps wrote
+            _mgpu.warpgroup_barrier(interpret)
         # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
         # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the last store's barrier orders this.
         for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
@@ -360,7 +359,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     part = jax.ShapeDtypeStruct((programs, width), jnp.float32)
     out = [big(x.dtype)] + ([big(residual.dtype)] if want_dres else []) + [part] * n_acc
     res = list(kernel_call(body, tuple(out), programs=programs, interpret=interpret,
-                           approx_math=blocks.approx_math, name="bdrln_bwd_mgpu",
+                           approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
                            scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),))(*args))
     dx = res.pop(0)
     dres = res.pop(0) if want_dres else None

@@ -46,7 +46,7 @@ def main():
             nbytes = (3 + (5 if rate else 4)) * rows * d * 2
             fns = [lambda *t, rate=rate, b=blocks_of(v, rows, d, rate): bdrln.bias_dropout_residual_layernorm(
                 *t, seed=seed, rate=rate, eps=1e-12, backend="mgpu", blocks=b) for v in variants]
-            for r in range(a.rounds):
+            for r in range(int(a.rounds)):
                 k = r % len(variants)
                 for v, fn in list(zip(variants, fns))[k:] + list(zip(variants, fns))[:k]:
                     total, fwd, bwd, other = fwd_bwd_time(fn, args, a.calls)
