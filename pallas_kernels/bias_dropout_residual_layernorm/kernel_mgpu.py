@@ -52,9 +52,11 @@ class Blocks:
     # others are SMEM tiles (`default_blocks` says how many fit).
     bwd_register_sums: int = 0
     # Pallas' automatic warpgroup barriers (before and after every store, GMEM ones included, and before every TMA
-    # fetch: 8 per forward step, up to 11 per backward step); False: one per step, before the pipeline refetches
-    # into the slot the step read, and one before the backward's fold of its column sums.
-    auto_barriers: bool = True
+    # fetch: 13-15 / 26-30 BAR.SYNC in the forward / backward kernel's SASS at 768-1024 wide); False (the default):
+    # the kernels' own, one per step before the pipeline refetches into the slots the step read and one before the
+    # backward's fold of its column sums (2 / 3 BAR.SYNC): BDRLN with dropout 1-3% faster at 1024 wide, 0-1% at 768 (H200 device time,
+    # benchmarks/results/kernels-h200.md, "Session 25").
+    auto_barriers: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
