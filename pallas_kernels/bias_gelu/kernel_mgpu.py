@@ -42,10 +42,6 @@ class Blocks:
     bwd_block_rows: int = 1
     bwd_max_concurrent_steps: int = 3
     bwd_programs: int = 264
-    # Pallas' automatic warpgroup barriers (before and after every SMEM store and before every TMA fetch); False: one
-    # before each step's output tile is written (the slot's last TMA store has then been waited for) besides the
-    # pipeline's own after the step.
-    auto_barriers: bool = True
     # exp as ex2.approx.ftz (~2 ulp) and erf's 1/Q as rcp.approx.ftz (<= 1 ulp; `_mgpu.reciprocal`), within the
     # tests' bound of the reference (float32 1e-5 relative); off: IEEE exp and division
     approx_math: bool = True
@@ -107,10 +103,7 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
                 first_row = (p * steps + idx[0]) * br
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
                 cdf = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), cdf, 0.0)
-            y = (z * cdf).astype(y_smem.dtype).reshape(tile)
-            if not blocks.auto_barriers:  # the slot's last TMA store was waited for by one thread
-                _mgpu.warpgroup_barrier(interpret)
-            y_smem[...] = y
+            y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         pipeline(step, steps=steps, in_specs=[spec], out_specs=[spec],
@@ -118,7 +111,7 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
 
     out = jax.ShapeDtypeStruct((rows * width // LANES, LANES), x.dtype)
     y = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
-                    name="bias_gelu_fwd_mgpu", auto_barriers=blocks.auto_barriers)(x.reshape(-1, LANES), bias.astype(jnp.float32), seed_words)
+                    name="bias_gelu_fwd_mgpu")(x.reshape(-1, LANES), bias.astype(jnp.float32), seed_words)
     return y.reshape(rows, width)
 
 
@@ -151,8 +144,6 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
                 first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
                 grad = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), grad, 0.0)
             dx = dy_smem[...].astype(jnp.float32).reshape(n) * grad
-            if not blocks.auto_barriers:  # the slot's last TMA store was waited for by one thread
-                _mgpu.warpgroup_barrier(interpret)
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
             return acc + dx
 
@@ -167,8 +158,6 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
         else:
             (acc_ref,) = acc_smem
             acc_ref[...] = acc.reshape(br, width)
-            if not blocks.auto_barriers:  # the rows below were written by other threads
-                _mgpu.warpgroup_barrier(interpret)
             total = acc_ref[0]
             for r in range(1, br):
                 total = total + acc_ref[r]
@@ -178,7 +167,7 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
            jax.ShapeDtypeStruct((programs, width), jnp.float32))
     scratch = (plgpu.SMEM((br, width), jnp.float32),) if br > 1 else ()
     dx, db = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
-                         name="bias_gelu_bwd_mgpu", scratch_types=scratch, auto_barriers=blocks.auto_barriers)(
+                         name="bias_gelu_bwd_mgpu", scratch_types=scratch)(
         x.reshape(-1, LANES), bias.astype(jnp.float32), seed_words, dy.reshape(-1, LANES))
     return dx.reshape(rows, width), db
 
