@@ -54,8 +54,8 @@ class Blocks:
     # Pallas' automatic warpgroup barriers (before and after every store, GMEM ones included, and before every TMA
     # fetch: 13-15 / 26-30 BAR.SYNC in the forward / backward kernel's SASS at 768-1024 wide); False (the default):
     # the kernels' own, one per step before the pipeline refetches into the slots the step read and one before the
-    # backward's fold of its column sums (2 / 3 BAR.SYNC): BDRLN with dropout 1-3% faster at 1024 wide, 0-1% at 768 (H200 device time,
-    # benchmarks/results/kernels-h200.md, "Session 25").
+    # backward's fold of its column sums (2 / 3 BAR.SYNC): BDRLN with dropout 1.5-3% faster at 1024 wide, 0-1% at
+    # 768 (H200 device time, benchmarks/results/kernels-h200.md, "Session 25").
     auto_barriers: bool = False
     approx_math: bool = False
 
@@ -348,7 +348,8 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         if not blocks.auto_barriers:  # the fold reads rows other warps wrote
             _mgpu.warpgroup_barrier(interpret)
         # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
-        # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the last store's barrier orders this.
+        # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the barrier above (or Pallas' after the
+        # last store) orders this.
         for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
             total = acc_smem[k, 0]
             for r in range(1, br):

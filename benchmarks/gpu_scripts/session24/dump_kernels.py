@@ -4,7 +4,7 @@
     MOSAIC_GPU_DUMP_TO=$OUT/dump python benchmarks/gpu_scripts/session24/dump_kernels.py RATE bg_fwd@RxD ...
 
 A name may end in `:field=value,...` (ints; 0/1 for bools) to replace fields of the kernel's default blocks
-(session 25: `ln_bwd@8192x1024:bwd_param_reload=1,bwd_register_sums=3`).
+(session 25: `ln_bwd@8192x1024:auto_barriers=1,bwd_register_sums=3`).
 """
 import dataclasses
 import sys
