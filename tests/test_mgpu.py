@@ -161,7 +161,8 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
         # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers, and its dropout
         # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
-                                fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2)
+                                fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
+                                bwd_params_smem=n_reg != 0)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -177,7 +178,8 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
         # or the kernels' own)
         other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store,
                                     fwd_mask_ahead=not default.fwd_mask_ahead,
-                                    auto_barriers=not default.auto_barriers)
+                                    auto_barriers=not default.auto_barriers,
+                                    bwd_params_smem=not default.bwd_params_smem)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

@@ -19,6 +19,7 @@ each, folded over rows once per program (read back row by row from SMEM) and wri
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,9 @@ class Blocks:
     # backward's fold of its column sums (2 / 3 BAR.SYNC): BDRLN with dropout 1.5-3% faster at 1024 wide, 0-1% at
     # 768 (H200 device time, benchmarks/results/kernels-h200.md, "Session 25").
     auto_barriers: bool = False
+    # The backward's (D,) bias and LN scale copied to SMEM once per program and read from there in every step,
+    # instead of held in registers (32 per thread each at 1024 wide) for the whole program.
+    bwd_params_smem: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
@@ -282,6 +286,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     tile, flat, view = _views(br, width, interpret)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
     n_acc = 3 if has_bias else 2
+    in_smem = blocks.bwd_params_smem
 
     def body(*refs):
         it = iter(refs)
@@ -292,10 +297,21 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         dscale_gmem, dshift_gmem = next(it), next(it)
         dbias_gmem = next(it) if has_bias else None
         acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
+        par_smem = next(it) if in_smem else None  # (2, D) float32: the scale and the bias
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
-        b = t.param(b_gmem) if has_bias else None
-        g = t.param(s_gmem)
+        if in_smem:  # GMEM -> registers (strided over the warpgroup) -> SMEM, once
+            for k, ref in enumerate((s_gmem, b_gmem) if has_bias else (s_gmem,)):
+                t.store(par_smem.at[k], _mgpu.strided(ref[...], math.gcd(width // _mgpu.WARPGROUP, 4), interpret))
+            if not blocks.auto_barriers:  # other warps read what each wrote
+                _mgpu.warpgroup_barrier(interpret)
+
+        def params():
+            if in_smem:
+                return (t.param(par_smem.at[1]) if has_bias else None), t.param(par_smem.at[0])
+            return (t.param(b_gmem) if has_bias else None), t.param(s_gmem)
+
+        held = None if in_smem else params()
         seeds = _seeds(seed_gmem, rate)
         n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
         for k in range(n_reg, n_acc):
@@ -307,6 +323,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         def step(idx, *smem_and_carry):
             *smem, ((mean_, rstd_), sums) = smem_and_carry
+            b, g = held or params()
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
@@ -363,7 +380,8 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     out = [big(x.dtype)] + ([big(residual.dtype)] if want_dres else []) + [part] * n_acc
     res = list(kernel_call(body, tuple(out), programs=programs, interpret=interpret,
                            approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
-                           scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),))(*args))
+                           scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),)
+                           + ((plgpu.SMEM((2, width), jnp.float32),) if in_smem else ()))(*args))
     dx = res.pop(0)
     dres = res.pop(0) if want_dres else None
     dscale, dshift = res.pop(0), res.pop(0)
