@@ -373,12 +373,17 @@ def test_bdrln_mgpu_blocks_register_sums_from_bool():
 
 
 def test_bdrln_mgpu_default_register_sums_per_width_and_rate():
-    """All three sums in registers at 768 wide; at 1024 one with dropout, two without (session 22's measurements)."""
+    """All three sums in registers at 768 wide; at 1024 all three with dropout (the bias and LN scale in SMEM,
+    session 25), two without (session 22's measurements)."""
     assert ln_mgpu.default_blocks(8192, 768).bwd_register_sums == 3
     assert ln_mgpu.default_blocks(8192, 768, rate=0.1).bwd_register_sums == 3
-    assert ln_mgpu.default_blocks(8192, 1024, rate=0.1).bwd_register_sums == 1
+    assert not ln_mgpu.default_blocks(8192, 768, rate=0.1).bwd_params_smem
+    assert ln_mgpu.default_blocks(8192, 1024, rate=0.1).bwd_register_sums == 3
+    assert ln_mgpu.default_blocks(8192, 1024, rate=0.1).bwd_params_smem
     assert ln_mgpu.default_blocks(8192, 1024, rate=0.0).bwd_register_sums == 2
+    assert not ln_mgpu.default_blocks(8192, 1024, rate=0.0).bwd_params_smem
     assert ln_mgpu.default_blocks(8192, 2048, rate=0.0).bwd_register_sums == 0
+    assert ln_mgpu.default_blocks(8192, 2048, rate=0.1).bwd_register_sums == 0
     # the forward's tiles in flight: 3 up to 768 wide, 2 wider (session 23)
     assert ln_mgpu.default_blocks(8192, 768, rate=0.1).max_concurrent_steps == 3
     assert ln_mgpu.default_blocks(32768, 1024, rate=0.1).max_concurrent_steps == 2

@@ -59,7 +59,8 @@ class Blocks:
     # 768 (H200 device time, benchmarks/results/kernels-h200.md, "Session 25").
     auto_barriers: bool = False
     # The backward's (D,) bias and LN scale copied to SMEM once per program and read from there in every step,
-    # instead of held in registers (32 per thread each at 1024 wide) for the whole program.
+    # instead of held in registers (32 per thread each at 1024 wide) for the whole program (`default_blocks`: at
+    # 1024 wide with dropout, where it makes room for all three column sums).
     bwd_params_smem: bool = False
     approx_math: bool = False
 
@@ -76,12 +77,15 @@ def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     8 rows of 768 per forward step, the default before, took 15.2 against 13.8 us at 8192 rows).
 
     The backward's column sums in registers: all three where they take at most 72 per thread (3 x 4 rows x 768 / 128
-    threads; 10-35% less backward time than in SMEM at 768 wide, session 21); else, with dropout (`rate`), d_scale's
-    alone where it takes at most 32 (1024 wide), without, two where they take at most 64; else none. At 1024 wide
-    (session 22, H200 device time, backward kernel at 8192 / 16384 / 32768 rows, 0 / 1 / 2 / 3 sums in registers):
-    with dropout 28.3 / **26.0** / 27.6 / 35.0, 52.9 / **48.2** / 53.9 / 66.5 and 99.5 / **90.6** / 101.6 / 127.6 us
-    (the hash's registers); without 24.2 / 20.8 / **18.5** / 24.8, 44.0 / 38.3 / **37.1** / 48.7 and 81.8 / 69.8 /
-    **69.3** / 92.3.
+    threads; 10-35% less backward time than in SMEM at 768 wide, session 21); else, with dropout (`rate`), all three
+    where they take at most 96 (1024 wide) with the bias and LN scale moved to SMEM to make room
+    (`bwd_params_smem`); without, two where they take at most 64; else none. At 1024 wide (session 22, H200 device
+    time, backward kernel at 8192 / 16384 / 32768 rows, 0 / 1 / 2 / 3 sums in registers, the parameters in
+    registers): with dropout 28.3 / **26.0** / 27.6 / 35.0, 52.9 / **48.2** / 53.9 / 66.5 and 99.5 / **90.6** / 101.6
+    / 127.6 us (the hash's registers); without 24.2 / 20.8 / **18.5** / 24.8, 44.0 / 38.3 / **37.1** / 48.7 and 81.8
+    / 69.8 / **69.3** / 92.3. With the parameters in SMEM and three sums (session 25, the kernels' own barriers):
+    with dropout 23.4 / 45.3-45.7 / 88.5-88.6 against one sum's 24.7-24.8 / 46.2-46.3 / 88.6-89.4 with the parameters
+    in registers; without 19.3 / 37.7 / 69.4-69.7 against two sums' 18.4-18.6 / 37.1-37.4 / 69.6-69.7.
 
     The forward keeps 3 tiles in flight up to 768 wide and 2 wider: at 1024 wide, p = 0.1, 2 took 14.8-15.0 / 26.8-27.0
     / 51.2-51.4 us at 8192 / 16384 / 32768 rows against 3's 15.1-15.2 / 27.8-27.9 / 52.9-53.7, while at 768 wide 3 stays
@@ -92,9 +96,10 @@ def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     del rows
     blocks = Blocks()
     per_sum = blocks.bwd_block_rows * width // _mgpu.WARPGROUP  # float32 registers per thread for one sum
-    n_reg = 3 if 3 * per_sum <= 72 else 1 if rate and per_sum <= 32 else 2 if 2 * per_sum <= 64 else 0
-    return dataclasses.replace(blocks, bwd_register_sums=n_reg, max_concurrent_steps=3 if width <= 768 else 2,
-                               fwd_mask_ahead=width <= 768)
+    params_smem = bool(rate) and 72 < 3 * per_sum <= 96
+    n_reg = 3 if 3 * per_sum <= 72 or params_smem else 2 if 2 * per_sum <= 64 else 0
+    return dataclasses.replace(blocks, bwd_register_sums=n_reg, bwd_params_smem=params_smem,
+                               max_concurrent_steps=3 if width <= 768 else 2, fwd_mask_ahead=width <= 768)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
