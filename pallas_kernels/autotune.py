@@ -111,8 +111,12 @@ def _kind(blocks) -> str:
 
 
 def _from_fields(default, fields: dict):
+    """The blocks a cache entry holds, as an instance of `default`'s class. A field the entry lacks (added to the class
+    after the entry was written) takes the class's own default, the kernel's behaviour before the field existed, not
+    `default`'s choice for this shape: e.g. BDRLN's `bwd_params_smem`, which `default_blocks` pairs with three
+    register sums, would otherwise join an older entry's one sum (measured slower: kernels-h200.md, "Session 25")."""
     names = {f.name for f in dataclasses.fields(default)}
-    return dataclasses.replace(default, **{k: v for k, v in fields.items() if k in names})
+    return dataclasses.replace(type(default)(), **{k: v for k, v in fields.items() if k in names})
 
 
 def _from_entry(default, alternatives, entry: dict):

@@ -142,6 +142,23 @@ def test_chooses_another_backend_and_reads_it_back(tune_env, monkeypatch, capsys
     assert "ignoring the cached entry" in capsys.readouterr().err
 
 
+def test_an_older_cache_entry_keeps_its_kernels_behaviour(tune_env, monkeypatch):
+    """A field an entry lacks (added to the class after it was written) takes the class's own default, not the
+    default blocks' choice for the shape: BDRLN's 1024-wide default with dropout pairs the parameters in SMEM with
+    three register sums, and an entry tuned before `bwd_params_smem` existed (one sum) must not run with them."""
+    from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu
+    default = kernel_mgpu.default_blocks(8192, 1024, rate=0.1)
+    assert default.bwd_params_smem and default.bwd_register_sums == 3
+    old = {k: v for k, v in dataclasses.asdict(default).items() if k not in ("bwd_params_smem", "auto_barriers")}
+    old["bwd_register_sums"] = 1
+    tune_env.parent.mkdir(parents=True)
+    tune_env.write_text(json.dumps({autotune.cache_key("op"): {"blocks": old, "kind": autotune._kind(default)}}))
+    monkeypatch.setenv(autotune.ENV_MODE, "cache")
+    got = autotune.choose("op", {}, default, [], _bench({}), interpret=False)
+    assert got == dataclasses.replace(kernel_mgpu.Blocks(), **old)
+    assert got.bwd_register_sums == 1 and not got.bwd_params_smem
+
+
 def test_choose_rowwise_returns_the_module_of_the_choice(monkeypatch):
     """With another backend's (module, default), the stages after the first are the winner's module's candidates,
     and the module returned is the one whose blocks were chosen."""
