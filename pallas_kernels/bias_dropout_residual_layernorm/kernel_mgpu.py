@@ -14,6 +14,10 @@ carry, dx and d_residual go from registers straight to GMEM; the scale/shift/bia
 over the program's tiles, the first `Blocks.bwd_register_sums` of them as register loop carries (as many as fit next
 to the tile: all three at 768 wide, one or two at 1024), the others in an SMEM (block_rows, D) float32 accumulator
 each, folded over rows once per program (read back row by row from SMEM) and written as one partial row per program.
+At 1024 wide with dropout the backward reads its bias and LN scale from an SMEM copy in every step
+(`Blocks.bwd_params_smem`), which leaves registers for all three sums. Both kernels compile without Pallas'
+automatic barriers (one before and after every store, one before every TMA fetch) and place their own, one per
+step and one before the fold (`Blocks.auto_barriers`).
 """
 
 from __future__ import annotations
