@@ -12,7 +12,7 @@ forward can draw each tile's dropout mask a step ahead, as a loop carry (`Blocks
 inputs stream through the TMA pipeline as above, the next tile's (mean, rstd) are prefetched from GMEM as a loop
 carry, dx and d_residual go from registers straight to GMEM; the scale/shift/bias gradients are summed elementwise
 over the program's tiles, the first `Blocks.bwd_register_sums` of them as register loop carries (as many as fit next
-to the tile: all three at 768 wide, one or two at 1024), the others in an SMEM (block_rows, D) float32 accumulator
+to the tile: all three at 768 wide, two or three at 1024), the others in an SMEM (block_rows, D) float32 accumulator
 each, folded over rows once per program (read back row by row from SMEM) and written as one partial row per program.
 At 1024 wide with dropout the backward reads its bias and LN scale from an SMEM copy in every step
 (`Blocks.bwd_params_smem`), which leaves registers for all three sums. Both kernels compile without Pallas'
