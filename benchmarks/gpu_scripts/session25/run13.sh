@@ -5,7 +5,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 D=benchmarks/gpu_scripts/session25
 timeout 300 compute-sanitizer --tool racecheck --racecheck-report all python $D/check_bdrln.py \
   "2048x1024:programs=64,bwd_programs=64" "2048x1024:programs=64,bwd_programs=64,bwd_register_sums=0" \
-  "2048x768:programs=64,bwd_programs=64" 2>&1 | grep -v Warning | tail -40 > $OUT/racecheck.txt; echo "rc $?" >> $OUT/racecheck.txt
+  "2048x768:programs=64,bwd_programs=64" 2>&1 | grep -v Warning | tail -40 > $OUT/racecheck.txt; echo "rc ${PIPESTATUS[0]}" >> $OUT/racecheck.txt
 tail -12 $OUT/racecheck.txt
 timeout 240 ncu --clock-control none -k regex:bdrln --section SpeedOfLight --section Occupancy --section LaunchStats \
   --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis python $D/check_bdrln.py 8192x768 \
