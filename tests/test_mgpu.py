@@ -159,11 +159,10 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
     for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
         # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers, and its dropout
-        # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own; the forward's 4 tiles over 2
-        # programs or over exactly 3 (2, 1, 1 tiles)
-        blocks = ln_mgpu.Blocks(block_rows=4, programs=3 if direct else 2, bwd_block_rows=4, bwd_programs=2,
-                                bwd_register_sums=n_reg, fwd_direct_store=direct, fwd_mask_ahead=direct,
-                                auto_barriers=n_reg != 2, bwd_params_smem=n_reg != 0, fwd_exact_programs=direct)
+        # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own
+        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
+                                fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
+                                bwd_params_smem=n_reg != 0)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 

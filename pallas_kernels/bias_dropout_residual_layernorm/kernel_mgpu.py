@@ -66,11 +66,6 @@ class Blocks:
     # instead of held in registers (32 per thread each at 1024 wide) for the whole program (`default_blocks`: at
     # 1024 wide with dropout, where it makes room for all three column sums).
     bwd_params_smem: bool = False
-    # The forward runs exactly `programs` programs (at most one per tile), program p taking a contiguous run of
-    # tiles // programs or one more (a run-time step count), instead of the largest divisor of the tile count not
-    # above `programs` (e.g. 396 = 3 per SM where the registers and SMEM allow it, which no power-of-two tile count
-    # divides).
-    fwd_exact_programs: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
@@ -231,19 +226,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     vec = _vec(x.dtype, out_dtype)
     _check(rows, width, (x.dtype, out_dtype), br, "block_rows", vec)
     tile, flat, view = _views(br, width, interpret)
-    tiles = rows // br
-    if blocks.fwd_exact_programs:
-        programs = min(blocks.programs, tiles)
-        base, extra = divmod(tiles, programs)
-    else:
-        programs, base = split_programs(tiles, blocks.programs)
-        extra = 0
-
-    def run_of(p):  # (first tile, tile count) of program p: `base` tiles, one more for the first `extra` programs
-        if not extra:
-            return p * base, base
-        return p * base + jnp.minimum(p, extra), base + (p < extra).astype(jnp.int32)
-
+    programs, steps = split_programs(rows // br, blocks.programs)
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
@@ -255,7 +238,6 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         r_gmem = next(it) if has_res else None
         s_gmem, t_gmem, seed_gmem, y_gmem, mean_gmem, rstd_gmem = (next(it) for _ in range(6))
         p = lax.axis_index("p")
-        start, steps = run_of(p)
         t = _Tile((br, width), vec, interpret)
         b = t.param(b_gmem) if has_bias else None
         g, beta = t.param(s_gmem), t.param(t_gmem)
@@ -266,7 +248,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
             if ahead:
                 *smem, keep = smem
             x_smem, r_smem = smem[0], smem[1] if has_res else None
-            first_row = (start + idx[0]) * br
+            first_row = (p * steps + idx[0]) * br
             h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate, keep=keep)
             mean = jnp.sum(h, axis=1) / width
             centered = h - t.rows(mean)
@@ -285,11 +267,11 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                                 lambda: _keep(t, seeds, first_row + br, width=width, rate=rate), lambda: keep)
             return None
 
-        spec = plgpu.BlockSpec(tile, lambda s: (start + s, 0))
+        spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
         ins = [x_gmem] + ([r_gmem] if has_res else [])
         pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[] if direct else [spec],
                  max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret,
-                 init_carry=_keep(t, seeds, start * br, width=width, rate=rate) if ahead else None,
+                 init_carry=_keep(t, seeds, p * steps * br, width=width, rate=rate) if ahead else None,
                  )(*ins, *([] if direct else [y_gmem]))
 
     args = [flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else []) + [scale, shift,
