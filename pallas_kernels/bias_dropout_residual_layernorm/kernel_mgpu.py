@@ -230,7 +230,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
-    auto = blocks.auto_barriers or not direct  # y through SMEM: keep Pallas' barriers around its stores
+    auto = blocks.auto_barriers
 
     def body(*refs):
         it = iter(refs)
@@ -257,10 +257,13 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
             if direct:
                 t.store(y_gmem.at[pl.ds(first_row, br)], y)
             else:
-                view(smem[-1])[...] = y
+                if not auto:  # one thread waited for the slot's last TMA store: all wait for it
+                    _mgpu.warpgroup_barrier(interpret)
+                view(smem[-1])[...] = y  # the pipeline's commit after the step orders it before the TMA store
             t.store(mean_gmem.at[pl.ds(first_row, br)], mean)
             t.store(rstd_gmem.at[pl.ds(first_row, br)], rstd)
-            if not auto:  # every warp is done with this step's SMEM tiles before the pipeline refetches into them
+            if direct and not auto:  # every warp is done with this step's SMEM tiles before the pipeline refetches
+                # into them (with y through SMEM, the pipeline's commit barrier after the step does this)
                 _mgpu.warpgroup_barrier(interpret)
             if ahead:  # the next tile's mask (none after the last tile)
                 return lax.cond(idx[0] + 1 < steps,
