@@ -58,8 +58,9 @@ class Blocks:
     bwd_register_sums: int = 0
     # Pallas' automatic warpgroup barriers (before and after every store, GMEM ones included, and before every TMA
     # fetch: 13-15 / 26-30 BAR.SYNC in the forward / backward kernel's SASS at 768-1024 wide); False (the default):
-    # the kernels' own, one per step before the pipeline refetches into the slots the step read and one before the
-    # backward's fold of its column sums (2 / 3 BAR.SYNC): BDRLN with dropout 1.5-3% faster at 1024 wide, 0-1% at
+    # the kernels' own, one per step before the pipeline refetches into the slots the step read (with the forward's y
+    # through SMEM, one before each y tile's write) and one before the backward's fold of its column sums (2 / 3
+    # BAR.SYNC): BDRLN with dropout 1.5-3% faster at 1024 wide, 0-1% at
     # 768 (H200 device time, benchmarks/results/kernels-h200.md, "Session 25").
     auto_barriers: bool = False
     # The backward's (D,) bias and LN scale copied to SMEM once per program and read from there in every step,
