@@ -162,7 +162,6 @@ def iota(n: int, vec: int, interpret: bool):
 
 @functools.cache
 def _has_fast_instr() -> bool:
-    from jax.experimental.mosaic import gpu as mgpu
     ok = all(hasattr(mgpu.FragmentedArray, f) for f in ("_pointwise", "_lift_fast_instr"))
     if not ok:
         warnings.warn(f"jax {jax.__version__}: Mosaic GPU's FragmentedArray lacks _pointwise/_lift_fast_instr; "
@@ -190,11 +189,12 @@ def reciprocal(x, vec: int, interpret: bool, *, approx: bool = True):
     return rcp(x)
 
 
-def warpgroup_barrier(interpret: bool) -> None:
+def warpgroup_barrier(interpret: bool, *, auto_barriers: bool) -> None:
     """`bar.sync` over the program's warpgroup, for kernels compiled with `auto_barriers=False` (`kernel_call`): where
     one thread reads what another wrote to SMEM, and before the pipeline refetches into a tile slot the step read.
-    Pallas has no op for it, so it goes in through `plgpu.inline_mgpu`. Nothing in interpret mode."""
-    if interpret:
+    Pallas has no op for it, so it goes in through `plgpu.inline_mgpu`. Nothing where Pallas places its own barriers
+    (`auto_barriers`) or in interpret mode."""
+    if interpret or auto_barriers:
         return
 
     @plgpu.inline_mgpu()
@@ -202,6 +202,12 @@ def warpgroup_barrier(interpret: bool) -> None:
         mgpu.warpgroup_barrier()
 
     bar()
+
+
+def seeds(seed_gmem, rate: float):
+    """(seed0, seed1, row offset) from a kernel's seed words (`_pallas.seed_words`), read once per program; None
+    without dropout."""
+    return (seed_gmem[0], seed_gmem[1], seed_gmem[2]) if rate else None
 
 
 def zeros(n: int, vec: int, interpret: bool):

@@ -23,6 +23,7 @@ step and one before the fold (`Blocks.auto_barriers`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -215,10 +216,6 @@ def _views(block_rows: int, width: int, interpret: bool):
             (lambda ref: None if ref is None else ref.reshape(block_rows, width)))
 
 
-def _seeds(seed_gmem, rate):
-    return (seed_gmem[0], seed_gmem[1], seed_gmem[2]) if rate else None
-
-
 def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret, blocks: Blocks):
     """x, residual: (R, D); bias, scale, shift: (D,); seed_words uint32[4]. Returns y, mean (R,), rstd (R,)."""
     rows, width = x.shape
@@ -231,7 +228,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
-    auto = blocks.auto_barriers
+    barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
     def body(*refs):
         it = iter(refs)
@@ -242,7 +239,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         t = _Tile((br, width), vec, interpret)
         b = t.param(b_gmem) if has_bias else None
         g, beta = t.param(s_gmem), t.param(t_gmem)
-        seeds = _seeds(seed_gmem, rate)
+        seeds = _mgpu.seeds(seed_gmem, rate)
 
         def step(idx, *smem):
             keep = None  # drawn in this step unless carried from the last (`ahead`)
@@ -258,14 +255,12 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
             if direct:
                 t.store(y_gmem.at[pl.ds(first_row, br)], y)
             else:
-                if not auto:  # one thread waited for the slot's last TMA store: all wait for it
-                    _mgpu.warpgroup_barrier(interpret)
+                barrier()  # one thread waited for the slot's last TMA store: all wait for it
                 view(smem[-1])[...] = y  # the pipeline's commit after the step orders it before the TMA store
             t.store(mean_gmem.at[pl.ds(first_row, br)], mean)
             t.store(rstd_gmem.at[pl.ds(first_row, br)], rstd)
-            if direct and not auto:  # every warp is done with this step's SMEM tiles before the pipeline refetches
-                # into them (with y through SMEM, the pipeline's commit barrier after the step does this)
-                _mgpu.warpgroup_barrier(interpret)
+            if direct:  # every warp is done with this step's SMEM tiles before the pipeline refetches into them
+                barrier()  # (with y through SMEM, the pipeline's commit barrier after the step does this)
             if ahead:  # the next tile's mask (none after the last tile)
                 return lax.cond(idx[0] + 1 < steps,
                                 lambda: _keep(t, seeds, first_row + br, width=width, rate=rate), lambda: keep)
@@ -283,7 +278,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
     out = (jax.ShapeDtypeStruct((rows, width) if direct else flat(x).shape, out_dtype), stat, stat)
     y, mean, rstd = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
-                                name="bdrln_fwd_mgpu", auto_barriers=auto)(*args)
+                                name="bdrln_fwd_mgpu", auto_barriers=blocks.auto_barriers)(*args)
     return y.reshape(rows, width), mean, rstd
 
 
@@ -300,6 +295,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
     n_acc = 3 if has_bias else 2
     in_smem = blocks.bwd_params_smem
+    barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
     def body(*refs):
         it = iter(refs)
@@ -313,19 +309,18 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         par_smem = next(it) if in_smem else None  # (2, D) float32: the scale and the bias
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
+        g_src, b_src = s_gmem, b_gmem  # where each step reads the LN scale and the bias
         if in_smem:  # GMEM -> registers (strided over the warpgroup) -> SMEM, once
             for k, ref in enumerate((s_gmem, b_gmem) if has_bias else (s_gmem,)):
                 t.store(par_smem.at[k], _mgpu.strided(ref[...], math.gcd(width // _mgpu.WARPGROUP, 4), interpret))
-            if not blocks.auto_barriers:  # other warps read what each wrote
-                _mgpu.warpgroup_barrier(interpret)
+            barrier()  # other warps read what each wrote
+            g_src, b_src = par_smem.at[0], par_smem.at[1]
 
-        def params():
-            if in_smem:
-                return (t.param(par_smem.at[1]) if has_bias else None), t.param(par_smem.at[0])
-            return (t.param(b_gmem) if has_bias else None), t.param(s_gmem)
+        def params():  # (bias or None, scale) broadcast over a tile
+            return (t.param(b_src) if has_bias else None), t.param(g_src)
 
-        held = None if in_smem else params()
-        seeds = _seeds(seed_gmem, rate)
+        held = None if in_smem else params()  # in registers for the whole program
+        seeds = _mgpu.seeds(seed_gmem, rate)
         n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
         for k in range(n_reg, n_acc):
             t.store(acc_smem.at[k], t.zeros())
@@ -336,7 +331,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         def step(idx, *smem_and_carry):
             *smem, ((mean_, rstd_), sums) = smem_and_carry
-            b, g = held or params()
+            b, g = params() if in_smem else held
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
@@ -363,8 +358,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             terms = (d * xhat, d, dx)[:n_acc]
             for k in range(n_reg, n_acc):  # each thread reads and writes its own elements: no barrier needed
                 t.store(acc_smem.at[k], t.load(acc_smem.at[k]) + terms[k])
-            if not blocks.auto_barriers:  # every warp is done with the SMEM tiles before the pipeline refetches
-                _mgpu.warpgroup_barrier(interpret)
+            barrier()  # every warp is done with the SMEM tiles before the pipeline refetches into them
             return next_stats, tuple(s_ + v for s_, v in zip(sums, terms[:n_reg]))
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
@@ -375,8 +369,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
                            init_carry=(stats(p * steps), zeros))(*ins)
         for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
             t.store(acc_smem.at[k], s_)
-        if not blocks.auto_barriers:  # the fold reads rows other warps wrote
-            _mgpu.warpgroup_barrier(interpret)
+        barrier()  # the fold reads rows other warps wrote
         # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
         # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the barrier above (or Pallas' after the
         # last store) orders this.

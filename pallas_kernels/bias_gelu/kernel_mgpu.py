@@ -72,10 +72,14 @@ def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def _keep(s0, s1, first, n, vec, interpret, rate):
-    """The tile's keep mask: elements first + [0, n), in the pair form (`keep_mask_lanes`: one hash per two lanes once
-    the compiler sees the shared expression). `check_rows` makes the width a multiple of 256, so `first` is even."""
-    return keep_mask_lanes((s0, s1), first, iota(n, vec, interpret), rate)
+def _keep(seeds, tile_index, br, width, vec, interpret, rate):
+    """The keep mask of tile `tile_index` (`br` rows of `width`) under `seeds` = (seed0, seed1, row offset), read once
+    per program: elements (offset + first row)·width + [0, br·width), in the pair form (`keep_mask_lanes`: one hash
+    per two lanes once the compiler sees the shared expression). `check_rows` makes the width a multiple of 256, so
+    the first element is even."""
+    s0, s1, offset = seeds
+    first = (offset + (tile_index * br).astype(jnp.uint32)) * jnp.uint32(width)
+    return keep_mask_lanes((s0, s1), first, iota(br * width, vec, interpret), rate)
 
 
 def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
@@ -92,17 +96,14 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     def body(x_gmem, b_gmem, seed_gmem, y_gmem):
         p = lax.axis_index("p")
         bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF  # (F,) float32 b/√2, once per program
-        if rate:
-            s0, s1, offset = seed_gmem[0], seed_gmem[1], seed_gmem[2]
+        seeds = _mgpu.seeds(seed_gmem, rate)
 
         def step(idx, x_smem, y_smem):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
             z, cdf = gelu_terms(x, bc, scale, recip)
             z, cdf = z.reshape(n), cdf.reshape(n)
             if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
-                first_row = (p * steps + idx[0]) * br
-                first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                cdf = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), cdf, 0.0)
+                cdf = jnp.where(_keep(seeds, p * steps + idx[0], br, width, vec, interpret, rate), cdf, 0.0)
             y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
@@ -133,16 +134,13 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
     def body(x_gmem, b_gmem, seed_gmem, dy_gmem, dx_gmem, db_gmem, *acc_smem):
         p = lax.axis_index("p")
         bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF
-        if rate:
-            s0, s1, offset = seed_gmem[0], seed_gmem[1], seed_gmem[2]
+        seeds = _mgpu.seeds(seed_gmem, rate)
 
         def step(idx, x_smem, dy_smem, dx_smem, acc):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
             grad = gelu_grad(x, bc, scale, recip).reshape(n)  # times the scale
             if rate:
-                first_row = (p * steps + idx[0]) * br
-                first = (offset + first_row.astype(jnp.uint32)) * jnp.uint32(width)
-                grad = jnp.where(_keep(s0, s1, first, n, vec, interpret, rate), grad, 0.0)
+                grad = jnp.where(_keep(seeds, p * steps + idx[0], br, width, vec, interpret, rate), grad, 0.0)
             dx = dy_smem[...].astype(jnp.float32).reshape(n) * grad
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
             return acc + dx
