@@ -294,6 +294,11 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     tile, flat, view = _views(br, width, interpret)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
     n_acc = 3 if has_bias else 2
+    n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
+    # With every sum in registers the SMEM accumulators serve only the fold after the pipeline: allocated there
+    # (`pl.run_scoped`), they reuse the pipeline's tile slots (Mosaic GPU takes the larger of two scopes in sequence,
+    # not their sum), which leaves SMEM for more tiles in flight at two programs per SM.
+    scoped_fold = n_reg == n_acc
     in_smem = blocks.bwd_params_smem
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
@@ -305,7 +310,8 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         dres_gmem = next(it) if want_dres else None
         dscale_gmem, dshift_gmem = next(it), next(it)
         dbias_gmem = next(it) if has_bias else None
-        acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
+        # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
+        acc_smem = None if scoped_fold else next(it)
         par_smem = next(it) if in_smem else None  # (2, D) float32: the scale and the bias
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
@@ -321,7 +327,6 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         held = None if in_smem else params()  # in registers for the whole program
         seeds = _mgpu.seeds(seed_gmem, rate)
-        n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
         for k in range(n_reg, n_acc):
             t.store(acc_smem.at[k], t.zeros())
 
@@ -367,17 +372,25 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         _, sums = pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[],
                            max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
                            init_carry=(stats(p * steps), zeros))(*ins)
-        for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
-            t.store(acc_smem.at[k], s_)
-        barrier()  # the fold reads rows other warps wrote
-        # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
-        # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the barrier above (or Pallas' after the
-        # last store) orders this.
-        for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
-            total = acc_smem[k, 0]
-            for r in range(1, br):
-                total = total + acc_smem[k, r]
-            ref[p] = total
+
+        def fold(acc_smem):
+            for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
+                t.store(acc_smem.at[k], s_)
+            barrier()  # the fold reads rows other warps wrote
+            # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
+            # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the barrier above (or Pallas' after
+            # the last store) orders this. With the accumulators scoped here, the pipeline's last step ended with
+            # every warp done with its slots, and no fetch is in flight after the last step.
+            for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
+                total = acc_smem[k, 0]
+                for r in range(1, br):
+                    total = total + acc_smem[k, r]
+                ref[p] = total
+
+        if scoped_fold:
+            pl.run_scoped(fold, plgpu.SMEM((n_acc, br, width), jnp.float32))
+        else:
+            fold(acc_smem)
 
     args = ([flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else [])
             + [scale, seed_words, mean, rstd, flat(dy)])
@@ -386,7 +399,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     out = [big(x.dtype)] + ([big(residual.dtype)] if want_dres else []) + [part] * n_acc
     res = list(kernel_call(body, tuple(out), programs=programs, interpret=interpret,
                            approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
-                           scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),)
+                           scratch_types=(() if scoped_fold else (plgpu.SMEM((n_acc, br, width), jnp.float32),))
                            + ((plgpu.SMEM((2, width), jnp.float32),) if in_smem else ()))(*args))
     dx = res.pop(0)
     dres = res.pop(0) if want_dres else None
