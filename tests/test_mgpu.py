@@ -159,11 +159,21 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
     for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
         # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers, and its dropout
-        # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own
+        # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own; the backward's row statistics
+        # from SMEM or prefetched from GMEM
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
                                 fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
-                                bwd_params_smem=n_reg != 0)
+                                bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
+
+
+@interpret_only
+def test_bdrln_mgpu_statistics_copied_in_chunks(monkeypatch):
+    """The backward's row statistics reach SMEM in several TMA copies when a program has more rows than one TMA box
+    holds (here a box of 8 for 32 rows per program: four copies per statistic on one barrier)."""
+    monkeypatch.setattr(ln_mgpu, "_TMA_BOX", 8)
+    blocks = ln_mgpu.Blocks(block_rows=4, programs=1, bwd_block_rows=4, bwd_programs=1, bwd_register_sums=3)
+    _bdrln_case(32, 256, jnp.float32, 0.1, 4, interpret=True, blocks=blocks)
 
 
 @pytest.mark.gpu
@@ -179,7 +189,8 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
         other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store,
                                     fwd_mask_ahead=not default.fwd_mask_ahead,
                                     auto_barriers=not default.auto_barriers,
-                                    bwd_params_smem=not default.bwd_params_smem)
+                                    bwd_params_smem=not default.bwd_params_smem,
+                                    bwd_stats_smem=not default.bwd_stats_smem)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

@@ -68,12 +68,22 @@ class Blocks:
     # instead of held in registers (32 per thread each at 1024 wide) for the whole program (`default_blocks`: at
     # 1024 wide with dropout, where it makes room for all three column sums).
     bwd_params_smem: bool = False
+    # The backward's row statistics (mean, rstd) of all the program's tiles TMA'd GMEM -> SMEM once, before its
+    # pipeline starts, and read from SMEM in every step, instead of each tile's loaded from GMEM a step ahead as a
+    # loop carry: ptxas sinks that prefetch to the end of the step it was meant to run ahead of (at 255 registers),
+    # where the carry waits for it (ncu's stall samples, "Session 26"). Only where the program's statistics take at
+    # most `_MAX_SMEM_STATS` floats each (else the prefetch).
+    bwd_stats_smem: bool = True
     approx_math: bool = False
 
     def __post_init__(self):
         # Session 21's form (and autotune caches written then): True / False for all / none of the sums.
         if isinstance(self.bwd_register_sums, bool):
             object.__setattr__(self, "bwd_register_sums", 3 if self.bwd_register_sums else 0)
+
+
+_MAX_SMEM_STATS = 1024  # rows of statistics per program that the backward keeps in SMEM (4 KiB each of mean, rstd)
+_TMA_BOX = 256  # elements per dimension of one TMA copy
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
@@ -294,13 +304,11 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     tile, flat, view = _views(br, width, interpret)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
     n_acc = 3 if has_bias else 2
-    n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
-    # With every sum in registers the SMEM accumulators serve only the fold after the pipeline: allocated there
-    # (`pl.run_scoped`), they reuse the pipeline's tile slots (Mosaic GPU takes the larger of two scopes in sequence,
-    # not their sum), which leaves SMEM for more tiles in flight at two programs per SM.
-    scoped_fold = n_reg == n_acc
     in_smem = blocks.bwd_params_smem
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
+    n_stats = steps * br  # rows of statistics per program
+    stats_smem = blocks.bwd_stats_smem and n_stats <= _MAX_SMEM_STATS
+    chunks = -(-n_stats // _TMA_BOX)  # TMA copies per statistic
 
     def body(*refs):
         it = iter(refs)
@@ -310,9 +318,10 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         dres_gmem = next(it) if want_dres else None
         dscale_gmem, dshift_gmem = next(it), next(it)
         dbias_gmem = next(it) if has_bias else None
-        # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
-        acc_smem = None if scoped_fold else next(it)
+        acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
         par_smem = next(it) if in_smem else None  # (2, D) float32: the scale and the bias
+        # (n_stats,) float32 each: the program's means and rstds, and the barriers of their copies
+        mean_smem, rstd_smem, stats_bar = (next(it), next(it), next(it)) if stats_smem else (None,) * 3
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
         g_src, b_src = s_gmem, b_gmem  # where each step reads the LN scale and the bias
@@ -327,6 +336,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         held = None if in_smem else params()  # in registers for the whole program
         seeds = _mgpu.seeds(seed_gmem, rate)
+        n_reg = min(blocks.bwd_register_sums, n_acc)  # sums 0..n_reg-1 in registers, the rest in SMEM
         for k in range(n_reg, n_acc):
             t.store(acc_smem.at[k], t.zeros())
 
@@ -334,15 +344,30 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             rows_ = pl.ds(tile_index * br, br)
             return t.stat(mean_gmem.at[rows_]), t.stat(rstd_gmem.at[rows_])
 
+        if stats_smem:  # issued before the pipeline's first fetches; waited for in the first step
+            for k, (src, dst) in enumerate(((mean_gmem, mean_smem), (rstd_gmem, rstd_smem))):
+                for c in range(chunks):
+                    n = min(_TMA_BOX, n_stats - c * _TMA_BOX)
+                    plgpu.copy_gmem_to_smem(src.at[pl.ds(p * n_stats + c * _TMA_BOX, n)],
+                                            dst.at[pl.ds(c * _TMA_BOX, n)], stats_bar.at[k])
+
         def step(idx, *smem_and_carry):
-            *smem, ((mean_, rstd_), sums) = smem_and_carry
+            *smem, (prefetched, sums) = smem_and_carry
+            if stats_smem:
+                @pl.when(idx[0] == 0)
+                def _():
+                    plgpu.barrier_wait(stats_bar.at[0])
+                    plgpu.barrier_wait(stats_bar.at[1])
+
+                rows_ = pl.ds(idx[0] * br, br)
+                mean_, rstd_, next_stats = t.stat(mean_smem.at[rows_]), t.stat(rstd_smem.at[rows_]), ()
+            else:
+                (mean_, rstd_), next_stats = prefetched, stats(p * steps + jnp.minimum(idx[0] + 1, steps - 1))
             b, g = params() if in_smem else held
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
             tile_index = p * steps + idx[0]
-            # Prefetch the next tile's statistics (a carry), so their GMEM latency hides behind this tile's work.
-            next_stats = stats(p * steps + jnp.minimum(idx[0] + 1, steps - 1))
             first_row = tile_index * br
             h, keep = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate)
             r = t.rows(rstd_)
@@ -371,26 +396,18 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         zeros = tuple(t.zeros() for _ in range(n_reg))
         _, sums = pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[],
                            max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
-                           init_carry=(stats(p * steps), zeros))(*ins)
-
-        def fold(acc_smem):
-            for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
-                t.store(acc_smem.at[k], s_)
-            barrier()  # the fold reads rows other warps wrote
-            # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
-            # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the barrier above (or Pallas' after
-            # the last store) orders this. With the accumulators scoped here, the pipeline's last step ended with
-            # every warp done with its slots, and no fetch is in flight after the last step.
-            for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
-                total = acc_smem[k, 0]
-                for r in range(1, br):
-                    total = total + acc_smem[k, r]
-                ref[p] = total
-
-        if scoped_fold:
-            pl.run_scoped(fold, plgpu.SMEM((n_acc, br, width), jnp.float32))
-        else:
-            fold(acc_smem)
+                           init_carry=(() if stats_smem else stats(p * steps), zeros))(*ins)
+        for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
+            t.store(acc_smem.at[k], s_)
+        barrier()  # the fold reads rows other warps wrote
+        # Fold the accumulators' rows, reading them back row by row in the plain strided layout (a cross-warp
+        # `jnp.sum(axis=0)` of 8-float vectors has no Mosaic GPU lowering); the barrier above (or Pallas' after the
+        # last store) orders this.
+        for k, ref in enumerate((dscale_gmem, dshift_gmem, dbias_gmem)[:n_acc]):
+            total = acc_smem[k, 0]
+            for r in range(1, br):
+                total = total + acc_smem[k, r]
+            ref[p] = total
 
     args = ([flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else [])
             + [scale, seed_words, mean, rstd, flat(dy)])
@@ -399,8 +416,10 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     out = [big(x.dtype)] + ([big(residual.dtype)] if want_dres else []) + [part] * n_acc
     res = list(kernel_call(body, tuple(out), programs=programs, interpret=interpret,
                            approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
-                           scratch_types=(() if scoped_fold else (plgpu.SMEM((n_acc, br, width), jnp.float32),))
-                           + ((plgpu.SMEM((2, width), jnp.float32),) if in_smem else ()))(*args))
+                           scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),)
+                           + ((plgpu.SMEM((2, width), jnp.float32),) if in_smem else ())
+                           + ((plgpu.SMEM((n_stats,), jnp.float32),) * 2
+                              + (plgpu.Barrier(num_arrivals=chunks, num_barriers=2),) if stats_smem else ()))(*args))
     dx = res.pop(0)
     dres = res.pop(0) if want_dres else None
     dscale, dshift = res.pop(0), res.pop(0)
