@@ -163,7 +163,7 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
         # from SMEM or prefetched from GMEM
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
                                 fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
-                                bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2)
+                                bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2, fwd_interleave=n_reg == 2)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -190,7 +190,8 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
                                     fwd_mask_ahead=not default.fwd_mask_ahead,
                                     auto_barriers=not default.auto_barriers,
                                     bwd_params_smem=not default.bwd_params_smem,
-                                    bwd_stats_smem=not default.bwd_stats_smem)
+                                    bwd_stats_smem=not default.bwd_stats_smem,
+                                    fwd_interleave=not default.fwd_interleave)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

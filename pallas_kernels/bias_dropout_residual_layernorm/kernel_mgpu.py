@@ -74,6 +74,9 @@ class Blocks:
     # where the carry waits for it (ncu's stall samples, "Session 26"). Only where the program's statistics take at
     # most `_MAX_SMEM_STATS` floats each (else the prefetch).
     bwd_stats_smem: bool = True
+    # The forward's tiles dealt to programs round-robin (program p takes tiles p, p + programs, ...), so that the
+    # programs stream through one window of the arrays together, instead of each a contiguous run of tiles.
+    fwd_interleave: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
@@ -238,6 +241,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
+    tile_of = ((lambda p, s: s * programs + p) if blocks.fwd_interleave else (lambda p, s: p * steps + s))
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
     def body(*refs):
@@ -256,7 +260,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
             if ahead:
                 *smem, keep = smem
             x_smem, r_smem = smem[0], smem[1] if has_res else None
-            first_row = (p * steps + idx[0]) * br
+            first_row = tile_of(p, idx[0]) * br
             h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate, keep=keep)
             mean = jnp.sum(h, axis=1) / width
             centered = h - t.rows(mean)
@@ -273,14 +277,15 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                 barrier()  # (with y through SMEM, the pipeline's commit barrier after the step does this)
             if ahead:  # the next tile's mask (none after the last tile)
                 return lax.cond(idx[0] + 1 < steps,
-                                lambda: _keep(t, seeds, first_row + br, width=width, rate=rate), lambda: keep)
+                                lambda: _keep(t, seeds, tile_of(p, idx[0] + 1) * br, width=width, rate=rate),
+                                lambda: keep)
             return None
 
-        spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
+        spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
         ins = [x_gmem] + ([r_gmem] if has_res else [])
         pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[] if direct else [spec],
                  max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret,
-                 init_carry=_keep(t, seeds, p * steps * br, width=width, rate=rate) if ahead else None,
+                 init_carry=_keep(t, seeds, tile_of(p, 0) * br, width=width, rate=rate) if ahead else None,
                  )(*ins, *([] if direct else [y_gmem]))
 
     args = [flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else []) + [scale, shift,
