@@ -163,17 +163,21 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
         # from SMEM or prefetched from GMEM
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
                                 fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
-                                bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2, fwd_interleave=n_reg == 2)
+                                bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2, fwd_interleave=n_reg == 2,
+                                bwd_interleave=n_reg != 0)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
 @interpret_only
 def test_bdrln_mgpu_statistics_copied_in_chunks(monkeypatch):
     """The backward's row statistics reach SMEM in several TMA copies when a program has more rows than one TMA box
-    holds (here a box of 8 for 32 rows per program: four copies per statistic on one barrier)."""
-    monkeypatch.setattr(ln_mgpu, "_TMA_BOX", 8)
-    blocks = ln_mgpu.Blocks(block_rows=4, programs=1, bwd_block_rows=4, bwd_programs=1, bwd_register_sums=3)
-    _bdrln_case(32, 256, jnp.float32, 0.1, 4, interpret=True, blocks=blocks)
+    holds (here boxes of 2 steps for 8 steps per program: four copies per statistic on one barrier), in either
+    tile order."""
+    monkeypatch.setattr(ln_mgpu, "_TMA_BOX", 2)
+    for interleave in (False, True):
+        blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=3,
+                                bwd_interleave=interleave)
+        _bdrln_case(64, 256, jnp.float32, 0.1, 4, interpret=True, blocks=blocks)
 
 
 @pytest.mark.gpu
@@ -191,7 +195,8 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
                                     auto_barriers=not default.auto_barriers,
                                     bwd_params_smem=not default.bwd_params_smem,
                                     bwd_stats_smem=not default.bwd_stats_smem,
-                                    fwd_interleave=not default.fwd_interleave)
+                                    fwd_interleave=not default.fwd_interleave,
+                                    bwd_interleave=not default.bwd_interleave)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 

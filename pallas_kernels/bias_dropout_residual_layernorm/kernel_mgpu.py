@@ -74,9 +74,10 @@ class Blocks:
     # where the carry waits for it (ncu's stall samples, "Session 26"). Only where the program's statistics take at
     # most `_MAX_SMEM_STATS` floats each (else the prefetch).
     bwd_stats_smem: bool = True
-    # The forward's tiles dealt to programs round-robin (program p takes tiles p, p + programs, ...), so that the
-    # programs stream through one window of the arrays together, instead of each a contiguous run of tiles.
+    # The forward's / backward's tiles dealt to programs round-robin (program p takes tiles p, p + programs, ...), so
+    # that the programs stream through one window of the arrays together, instead of each a contiguous run of tiles.
     fwd_interleave: bool = False
+    bwd_interleave: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
@@ -87,6 +88,11 @@ class Blocks:
 
 _MAX_SMEM_STATS = 1024  # rows of statistics per program that the backward keeps in SMEM (4 KiB each of mean, rstd)
 _TMA_BOX = 256  # elements per dimension of one TMA copy
+
+
+def _tile_order(interleave: bool, programs: int, steps: int):
+    """(program, step) -> tile index: round-robin over the programs, or a contiguous run of `steps` per program."""
+    return (lambda p, s: s * programs + p) if interleave else (lambda p, s: p * steps + s)
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
@@ -241,7 +247,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
-    tile_of = ((lambda p, s: s * programs + p) if blocks.fwd_interleave else (lambda p, s: p * steps + s))
+    tile_of = _tile_order(blocks.fwd_interleave, programs, steps)
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
     def body(*refs):
@@ -311,9 +317,13 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     n_acc = 3 if has_bias else 2
     in_smem = blocks.bwd_params_smem
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
-    n_stats = steps * br  # rows of statistics per program
-    stats_smem = blocks.bwd_stats_smem and n_stats <= _MAX_SMEM_STATS
-    chunks = -(-n_stats // _TMA_BOX)  # TMA copies per statistic
+    stats_smem = blocks.bwd_stats_smem and steps * br <= _MAX_SMEM_STATS
+    chunks = -(-steps // _TMA_BOX)  # TMA copies per statistic
+    interleave = blocks.bwd_interleave
+    tile_of = _tile_order(interleave, programs, steps)
+    # The (R,) statistics as 2-D views in which program p's step s is one (br,) window: (tiles, br), row p·steps + s;
+    # interleaved (steps, programs·br), row s, columns p·br + [0, br). A program's windows are then one box.
+    stat_view = (lambda a: a.reshape(steps, programs * br)) if interleave else (lambda a: a.reshape(-1, br))
 
     def body(*refs):
         it = iter(refs)
@@ -325,7 +335,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         dbias_gmem = next(it) if has_bias else None
         acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
         par_smem = next(it) if in_smem else None  # (2, D) float32: the scale and the bias
-        # (n_stats,) float32 each: the program's means and rstds, and the barriers of their copies
+        # (steps, br) float32 each: the program's means and rstds, and the barriers of their copies
         mean_smem, rstd_smem, stats_bar = (next(it), next(it), next(it)) if stats_smem else (None,) * 3
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
@@ -345,16 +355,20 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         for k in range(n_reg, n_acc):
             t.store(acc_smem.at[k], t.zeros())
 
-        def stats(tile_index):  # (mean, rstd) of one tile's rows, straight from GMEM
-            rows_ = pl.ds(tile_index * br, br)
-            return t.stat(mean_gmem.at[rows_]), t.stat(rstd_gmem.at[rows_])
+        def windows(ref, first, n):  # program p's statistics of steps first .. first + n - 1, (n, br)
+            if interleave:
+                return ref.at[pl.ds(first, n), pl.ds(p * br, br)]
+            return ref.at[pl.ds(p * steps + first, n)]
+
+        def stats(s):  # (mean, rstd) of the rows of program p's step s, straight from GMEM
+            return t.stat(windows(mean_gmem, s, 1).at[0]), t.stat(windows(rstd_gmem, s, 1).at[0])
 
         if stats_smem:  # issued before the pipeline's first fetches; waited for in the first step
             for k, (src, dst) in enumerate(((mean_gmem, mean_smem), (rstd_gmem, rstd_smem))):
                 for c in range(chunks):
-                    n = min(_TMA_BOX, n_stats - c * _TMA_BOX)
-                    plgpu.copy_gmem_to_smem(src.at[pl.ds(p * n_stats + c * _TMA_BOX, n)],
-                                            dst.at[pl.ds(c * _TMA_BOX, n)], stats_bar.at[k])
+                    n = min(_TMA_BOX, steps - c * _TMA_BOX)
+                    plgpu.copy_gmem_to_smem(windows(src, c * _TMA_BOX, n), dst.at[pl.ds(c * _TMA_BOX, n)],
+                                            stats_bar.at[k])
 
         def step(idx, *smem_and_carry):
             *smem, (prefetched, sums) = smem_and_carry
@@ -364,15 +378,14 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
                     plgpu.barrier_wait(stats_bar.at[0])
                     plgpu.barrier_wait(stats_bar.at[1])
 
-                rows_ = pl.ds(idx[0] * br, br)
-                mean_, rstd_, next_stats = t.stat(mean_smem.at[rows_]), t.stat(rstd_smem.at[rows_]), ()
+                mean_, rstd_, next_stats = t.stat(mean_smem.at[idx[0]]), t.stat(rstd_smem.at[idx[0]]), ()
             else:
-                (mean_, rstd_), next_stats = prefetched, stats(p * steps + jnp.minimum(idx[0] + 1, steps - 1))
+                (mean_, rstd_), next_stats = prefetched, stats(jnp.minimum(idx[0] + 1, steps - 1))
             b, g = params() if in_smem else held
             x_smem = smem.pop(0)
             r_smem = smem.pop(0) if has_res else None
             dy_smem = smem.pop(0)
-            tile_index = p * steps + idx[0]
+            tile_index = tile_of(p, idx[0])
             first_row = tile_index * br
             h, keep = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate)
             r = t.rows(rstd_)
@@ -396,12 +409,12 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             barrier()  # every warp is done with the SMEM tiles before the pipeline refetches into them
             return next_stats, tuple(s_ + v for s_, v in zip(sums, terms[:n_reg]))
 
-        spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
+        spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
         ins = [x_gmem] + ([r_gmem] if has_res else []) + [dy_gmem]
         zeros = tuple(t.zeros() for _ in range(n_reg))
         _, sums = pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[],
                            max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
-                           init_carry=(() if stats_smem else stats(p * steps), zeros))(*ins)
+                           init_carry=(() if stats_smem else stats(0), zeros))(*ins)
         for k, s_ in enumerate(sums):  # register sums: into the SMEM tiles once, for the fold below
             t.store(acc_smem.at[k], s_)
         barrier()  # the fold reads rows other warps wrote
@@ -415,7 +428,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             ref[p] = total
 
     args = ([flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else [])
-            + [scale, seed_words, mean, rstd, flat(dy)])
+            + [scale, seed_words, stat_view(mean), stat_view(rstd), flat(dy)])
     big = lambda dt: jax.ShapeDtypeStruct((rows, width), dt)  # noqa: E731
     part = jax.ShapeDtypeStruct((programs, width), jnp.float32)
     out = [big(x.dtype)] + ([big(residual.dtype)] if want_dres else []) + [part] * n_acc
@@ -423,7 +436,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
                            approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
                            scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),)
                            + ((plgpu.SMEM((2, width), jnp.float32),) if in_smem else ())
-                           + ((plgpu.SMEM((n_stats,), jnp.float32),) * 2
+                           + ((plgpu.SMEM((steps, br), jnp.float32),) * 2
                               + (plgpu.Barrier(num_arrivals=chunks, num_barriers=2),) if stats_smem else ()))(*args))
     dx = res.pop(0)
     dres = res.pop(0) if want_dres else None
