@@ -2,15 +2,17 @@
 `kernel.py`'s forward/backward (optional bias/residual are static `None`s; partial sums (G, D) float32).
 
 Streaming as in `pallas_kernels/bias_gelu/kernel_mgpu.py` (shared plumbing: `pallas_kernels/_mgpu.py`): one
-warpgroup per program, a contiguous run of `steps` tiles of `block_rows` rows each, TMA'd GMEM -> SMEM as
+warpgroup per program, `steps` tiles of `block_rows` rows each (dealt round-robin: program p takes tiles p,
+p + programs, ...; `Blocks.fwd_interleave` / `bwd_interleave`, else a contiguous run), TMA'd GMEM -> SMEM as
 (block_rows·D/256, 256) boxes (`emit_pipeline`), and viewed in SMEM as (block_rows, D) (a ref reshape). Registers
 use a row layout: warp w holds rows w, w+4, ...; its 32 lanes take 16-byte vectors along D, so a warp reads 512
 contiguous bytes and the row statistics (mean, variance, and the backward's two row means) are lane shuffles inside
 one warp, no SMEM and no barrier. Row statistics (R,) float32 are stored straight from registers to GMEM (a TMA box
 of 4 floats would break SMEM's 128-byte alignment), and so is the forward's y (`Blocks.fwd_direct_store`); the
 forward can draw each tile's dropout mask a step ahead, as a loop carry (`Blocks.fwd_mask_ahead`). Backward:
-inputs stream through the TMA pipeline as above, the next tile's (mean, rstd) are prefetched from GMEM as a loop
-carry, dx and d_residual go from registers straight to GMEM; the scale/shift/bias gradients are summed elementwise
+inputs stream through the TMA pipeline as above, the program's row statistics (mean, rstd) reach SMEM in one TMA copy
+each before the first step (`Blocks.bwd_stats_smem`; else each tile's are prefetched from GMEM a step ahead as a
+loop carry), dx and d_residual go from registers straight to GMEM; the scale/shift/bias gradients are summed elementwise
 over the program's tiles, the first `Blocks.bwd_register_sums` of them as register loop carries (as many as fit next
 to the tile: all three at 768 wide, two or three at 1024), the others in an SMEM (block_rows, D) float32 accumulator
 each, folded over rows once per program (read back row by row from SMEM) and written as one partial row per program.
@@ -75,9 +77,11 @@ class Blocks:
     # most `_MAX_SMEM_STATS` floats each (else the prefetch).
     bwd_stats_smem: bool = True
     # The forward's / backward's tiles dealt to programs round-robin (program p takes tiles p, p + programs, ...), so
-    # that the programs stream through one window of the arrays together, instead of each a contiguous run of tiles.
-    fwd_interleave: bool = False
-    bwd_interleave: bool = False
+    # that the programs stream through one window of the arrays together, instead of each a contiguous run of tiles:
+    # with dropout each kernel alone 0-5% faster at 1024 wide (caches flushed), fwd+bwd back to back -1 to -3%
+    # (-0.4 to -4.5 us), equal to -3% at 768 (H200, benchmarks/results/kernels-h200.md, "Session 26").
+    fwd_interleave: bool = True
+    bwd_interleave: bool = True
     approx_math: bool = False
 
     def __post_init__(self):
