@@ -250,6 +250,12 @@ def split_programs(tiles: int, target: int) -> tuple[int, int]:
     return best, tiles // best
 
 
+def tile_order(interleave: bool, programs: int, steps: int):
+    """(program, step) -> tile index: round-robin over the programs (program p takes tiles p, p + programs, ...: all
+    programs stream through one window of the arrays together), or a contiguous run of `steps` tiles per program."""
+    return (lambda p, s: s * programs + p) if interleave else (lambda p, s: p * steps + s)
+
+
 def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: bool, name: str,
                 scratch_types=(), reduction_scratch_bytes: int | None = None, auto_barriers: bool = True):
     """`plgpu.kernel` over a 1-D grid of `programs` named "p", one warpgroup each. `auto_barriers=False`: Pallas

@@ -76,8 +76,9 @@ def _bias_gelu_case(rows, width, dtype, rate, row_offset, *, interpret, blocks=N
 ])
 def test_bias_gelu_mgpu_interpret(dtype, rate, row_offset):
     width = 512 if dtype == jnp.bfloat16 else 256
-    blocks = bg_mgpu.Blocks(block_rows=2, programs=2, bwd_block_rows=2, bwd_programs=2)
-    _bias_gelu_case(8, width, dtype, rate, row_offset, interpret=True, blocks=blocks)
+    for interleave in (False, True):  # a contiguous run of tiles per program, or round-robin
+        blocks = bg_mgpu.Blocks(block_rows=2, programs=2, bwd_block_rows=2, bwd_programs=2, interleave=interleave)
+        _bias_gelu_case(8, width, dtype, rate, row_offset, interpret=True, blocks=blocks)
 
 
 @pytest.mark.gpu
@@ -85,6 +86,9 @@ def test_bias_gelu_mgpu_interpret(dtype, rate, row_offset):
 @pytest.mark.parametrize("rows,width,rate", [(8192, 3072, 0.0), (8192, 4096, 0.1), (32768, 4096, 0.0)])
 def test_bias_gelu_mgpu_on_gpu(rows, width, rate):
     _bias_gelu_case(rows, width, jnp.bfloat16, rate, 64, interpret=False)
+    default = bg_mgpu.default_blocks(rows, width, rate=rate)  # and the other tile order
+    _bias_gelu_case(rows, width, jnp.bfloat16, rate, 64, interpret=False,
+                    blocks=dataclasses.replace(default, interleave=not default.interleave))
 
 
 @pytest.mark.parametrize("dtype", [

@@ -94,11 +94,6 @@ _MAX_SMEM_STATS = 1024  # rows of statistics per program that the backward keeps
 _TMA_BOX = 256  # elements per dimension of one TMA copy
 
 
-def _tile_order(interleave: bool, programs: int, steps: int):
-    """(program, step) -> tile index: round-robin over the programs, or a contiguous run of `steps` per program."""
-    return (lambda p, s: s * programs + p) if interleave else (lambda p, s: p * steps + s)
-
-
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     """4 rows per step, 3 (forward; 2 wider than 768) and 2 (backward) steps in flight, 2 programs per SM: the
     fastest or within 1.4 us of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs)
@@ -251,7 +246,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
-    tile_of = _tile_order(blocks.fwd_interleave, programs, steps)
+    tile_of = _mgpu.tile_order(blocks.fwd_interleave, programs, steps)
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
     def body(*refs):
@@ -324,7 +319,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     stats_smem = blocks.bwd_stats_smem and steps * br <= _MAX_SMEM_STATS
     chunks = -(-steps // _TMA_BOX)  # TMA copies per statistic
     interleave = blocks.bwd_interleave
-    tile_of = _tile_order(interleave, programs, steps)
+    tile_of = _mgpu.tile_order(interleave, programs, steps)
     # The (R,) statistics as 2-D views in which program p's step s is one (br,) window: (tiles, br), row p·steps + s;
     # interleaved (steps, programs·br), row s, columns p·br + [0, br). A program's windows are then one box.
     stat_view = (lambda a: a.reshape(steps, programs * br)) if interleave else (lambda a: a.reshape(-1, br))

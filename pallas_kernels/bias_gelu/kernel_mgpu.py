@@ -42,6 +42,8 @@ class Blocks:
     bwd_block_rows: int = 1
     bwd_max_concurrent_steps: int = 3
     bwd_programs: int = 264
+    # Both kernels' tiles dealt round-robin to the programs (`_mgpu.tile_order`), not a contiguous run per program.
+    interleave: bool = False
     # exp as ex2.approx.ftz (~2 ulp) and erf's 1/Q as rcp.approx.ftz (<= 1 ulp; `_mgpu.reciprocal`), within the
     # tests' bound of the reference (float32 1e-5 relative); off: IEEE exp and division
     approx_math: bool = True
@@ -90,6 +92,7 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     n, vec = br * width, vec_size(x.dtype)
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.programs)
+    tile_of = _mgpu.tile_order(blocks.interleave, programs, steps)
     scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
@@ -103,10 +106,10 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
             z, cdf = gelu_terms(x, bc, scale, recip)
             z, cdf = z.reshape(n), cdf.reshape(n)
             if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
-                cdf = jnp.where(_keep(seeds, p * steps + idx[0], br, width, vec, interpret, rate), cdf, 0.0)
+                cdf = jnp.where(_keep(seeds, tile_of(p, idx[0]), br, width, vec, interpret, rate), cdf, 0.0)
             y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
 
-        spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
+        spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
         pipeline(step, steps=steps, in_specs=[spec], out_specs=[spec],
                  max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret)(x_gmem, y_gmem)
 
@@ -128,6 +131,7 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
         raise ValueError(f"dy.dtype={dy.dtype} must have the itemsize of x.dtype={x.dtype}")
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.bwd_programs)
+    tile_of = _mgpu.tile_order(blocks.interleave, programs, steps)
     scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
@@ -140,12 +144,12 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
             grad = gelu_grad(x, bc, scale, recip).reshape(n)  # times the scale
             if rate:
-                grad = jnp.where(_keep(seeds, p * steps + idx[0], br, width, vec, interpret, rate), grad, 0.0)
+                grad = jnp.where(_keep(seeds, tile_of(p, idx[0]), br, width, vec, interpret, rate), grad, 0.0)
             dx = dy_smem[...].astype(jnp.float32).reshape(n) * grad
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
             return acc + dx
 
-        spec = plgpu.BlockSpec(tile, lambda s: (p * steps + s, 0))
+        spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
         acc = pipeline(step, steps=steps, in_specs=[spec, spec], out_specs=[spec],
                        max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
                        init_carry=zeros(n, vec, interpret))(x_gmem, dy_gmem, dx_gmem)
