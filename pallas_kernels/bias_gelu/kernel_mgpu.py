@@ -1,8 +1,8 @@
 """Mosaic GPU (Hopper+) kernels of bias + exact GELU (+ dropout): the same contract as `kernel.py`'s forward/backward.
 
 Programming model (`plgpu.kernel` + `plgpu.emit_pipeline`): one warpgroup (128 threads) per program; each program
-owns a contiguous run of `steps` tiles of `block_rows` full rows and streams them GMEM -> SMEM (TMA) -> registers ->
-SMEM -> GMEM (TMA) with `max_concurrent_steps` tiles in flight. The bias is read once per program into registers.
+owns `steps` tiles of `block_rows` full rows (dealt round-robin, `Blocks.interleave`) and streams them GMEM -> SMEM
+(TMA) -> registers -> SMEM -> GMEM (TMA) with `max_concurrent_steps` tiles in flight. The bias is read once per program into registers.
 
 Layouts: the (R, F) arrays are viewed as (R·F/LANES, LANES) — a free reshape — so a tile of `block_rows` rows is a
 2-D TMA box of (block_rows·F/LANES, LANES), within TMA's 256-per-dimension limit. In registers every value uses the
@@ -42,8 +42,10 @@ class Blocks:
     bwd_block_rows: int = 1
     bwd_max_concurrent_steps: int = 3
     bwd_programs: int = 264
-    # Both kernels' tiles dealt round-robin to the programs (`_mgpu.tile_order`), not a contiguous run per program.
-    interleave: bool = False
+    # Both kernels' tiles dealt round-robin to the programs (`_mgpu.tile_order`), not a contiguous run per program:
+    # fwd+bwd -3.5 to -4% without dropout (BERT's FFN), -1.5% to +0.2% with (H200); -1 to -3.6% on the H100
+    # (benchmarks/results/kernels-h200.md, "Session 26").
+    interleave: bool = True
     # exp as ex2.approx.ftz (~2 ulp) and erf's 1/Q as rcp.approx.ftz (<= 1 ulp; `_mgpu.reciprocal`), within the
     # tests' bound of the reference (float32 1e-5 relative); off: IEEE exp and division
     approx_math: bool = True
