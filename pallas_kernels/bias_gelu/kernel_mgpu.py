@@ -2,7 +2,8 @@
 
 Programming model (`plgpu.kernel` + `plgpu.emit_pipeline`): one warpgroup (128 threads) per program; each program
 owns `steps` tiles of `block_rows` full rows (dealt round-robin, `Blocks.interleave`) and streams them GMEM -> SMEM
-(TMA) -> registers -> SMEM -> GMEM (TMA) with `max_concurrent_steps` tiles in flight. The bias is read once per program into registers.
+(TMA) -> registers -> SMEM -> GMEM (TMA) with `max_concurrent_steps` tiles in flight. The bias is read once per
+program into registers.
 
 Layouts: the (R, F) arrays are viewed as (R·F/LANES, LANES) — a free reshape — so a tile of `block_rows` rows is a
 2-D TMA box of (block_rows·F/LANES, LANES), within TMA's 256-per-dimension limit. In registers every value uses the
