@@ -191,16 +191,18 @@ def test_bdrln_mgpu_statistics_copied_in_chunks(monkeypatch):
 def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
     _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False)
     default = ln_mgpu.default_blocks(rows, width, rate=rate)
-    for n_reg in {0, 1, 2, 3} - {default.bwd_register_sums}:  # every other split of the column sums (registers /
-        # SMEM), with the other store of the forward's y, the other draw of its mask and the other barriers (Pallas'
-        # or the kernels' own)
+    for i, n_reg in enumerate(sorted({0, 1, 2, 3} - {default.bwd_register_sums})):  # every other split of the
+        # column sums (registers / SMEM), with the other store of the forward's y, the other draw of its mask, the
+        # other barriers (Pallas' or the kernels' own) and the backward's statistics prefetched from GMEM; the tile
+        # order flipped in the first variant only (the prefetch then reads both orders' windows)
+        flip = i == 0
         other = dataclasses.replace(default, bwd_register_sums=n_reg, fwd_direct_store=not default.fwd_direct_store,
                                     fwd_mask_ahead=not default.fwd_mask_ahead,
                                     auto_barriers=not default.auto_barriers,
                                     bwd_params_smem=not default.bwd_params_smem,
                                     bwd_stats_smem=not default.bwd_stats_smem,
-                                    fwd_interleave=not default.fwd_interleave,
-                                    bwd_interleave=not default.bwd_interleave)
+                                    fwd_interleave=default.fwd_interleave != flip,
+                                    bwd_interleave=default.bwd_interleave != flip)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)
 
 
