@@ -168,7 +168,7 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
                                 fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
                                 bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2, fwd_interleave=n_reg == 2,
-                                bwd_interleave=n_reg != 0, fwd_ahead_factor=n_reg == 2)
+                                bwd_interleave=n_reg != 0)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
@@ -201,7 +201,6 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
                                     auto_barriers=not default.auto_barriers,
                                     bwd_params_smem=not default.bwd_params_smem,
                                     bwd_stats_smem=not default.bwd_stats_smem,
-                                    fwd_ahead_factor=not default.fwd_ahead_factor,
                                     fwd_interleave=default.fwd_interleave != flip,
                                     bwd_interleave=default.bwd_interleave != flip)
         _bdrln_case(rows, width, jnp.bfloat16, rate, 64, plain=plain, interpret=False, blocks=other)

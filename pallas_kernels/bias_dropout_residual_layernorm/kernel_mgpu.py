@@ -82,9 +82,6 @@ class Blocks:
     # (-0.4 to -4.5 us), equal to -3% at 768 (H200, benchmarks/results/kernels-h200.md, "Session 26").
     fwd_interleave: bool = True
     bwd_interleave: bool = True
-    # With `fwd_mask_ahead`, the carried mask as float32 factors (1/(1-rate) or 0, one FMUL per element) instead of
-    # booleans (which ptxas keeps in predicate registers packed by P2R and unpacked by ISETP); session 26's A/B.
-    fwd_ahead_factor: bool = False
     approx_math: bool = False
 
     def __post_init__(self):
@@ -213,22 +210,13 @@ def _keep(t: _Tile, seeds, first_row, *, width, rate):
     return t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate)
 
 
-def _factor(t: _Tile, seeds, first_row, *, width, rate):
-    """The tile's dropout as float32 factors: 1/(1-rate) where kept, 0 where dropped."""
-    z = t.zeros()
-    return jnp.where(_keep(t, seeds, first_row, width=width, rate=rate), z + keep_scale(rate), z)
-
-
-def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate, keep=None, factor=None):
+def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate, keep=None):
     """h = residual + dropout(x + bias), float32, and the keep mask (or None), as kernel.py's `_h`; `keep`: the
-    tile's mask if already drawn, or `factor`: its `_factor` (a product: for finite x + bias equal to the mask's
-    select, but for the sign of a dropped negative element's zero, which the residual's sum then absorbs)."""
+    tile's mask if already drawn."""
     h = t.load(x_smem)
     if bias is not None:
         h = h + bias
-    if factor is not None:
-        h = h * factor
-    elif rate:
+    if rate:
         if keep is None:
             keep = _keep(t, seeds, first_row, width=width, rate=rate)
         h = jnp.where(keep, h * keep_scale(rate), 0.0)
@@ -258,7 +246,6 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
     has_bias, has_res = bias is not None, residual is not None
     direct = blocks.fwd_direct_store
     ahead = bool(rate) and blocks.fwd_mask_ahead
-    draw = functools.partial(_factor if blocks.fwd_ahead_factor else _keep, width=width, rate=rate)  # what is carried
     tile_of = _mgpu.tile_order(blocks.fwd_interleave, programs, steps)
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
 
@@ -279,8 +266,7 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                 *smem, keep = smem
             x_smem, r_smem = smem[0], smem[1] if has_res else None
             first_row = tile_of(p, idx[0]) * br
-            carried = {"factor" if blocks.fwd_ahead_factor else "keep": keep}
-            h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate, **carried)
+            h, _ = _h(t, view(x_smem), b, view(r_smem), seeds, first_row, width=width, rate=rate, keep=keep)
             mean = jnp.sum(h, axis=1) / width
             centered = h - t.rows(mean)
             rstd = lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
@@ -296,14 +282,15 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                 barrier()  # (with y through SMEM, the pipeline's commit barrier after the step does this)
             if ahead:  # the next tile's mask (none after the last tile)
                 return lax.cond(idx[0] + 1 < steps,
-                                lambda: draw(t, seeds, tile_of(p, idx[0] + 1) * br), lambda: keep)
+                                lambda: _keep(t, seeds, tile_of(p, idx[0] + 1) * br, width=width, rate=rate),
+                                lambda: keep)
             return None
 
         spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
         ins = [x_gmem] + ([r_gmem] if has_res else [])
         pipeline(step, steps=steps, in_specs=[spec] * len(ins), out_specs=[] if direct else [spec],
                  max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret,
-                 init_carry=draw(t, seeds, tile_of(p, 0) * br) if ahead else None,
+                 init_carry=_keep(t, seeds, tile_of(p, 0) * br, width=width, rate=rate) if ahead else None,
                  )(*ins, *([] if direct else [y_gmem]))
 
     args = [flat(x)] + ([bias] if has_bias else []) + ([flat(residual)] if has_res else []) + [scale, shift,
