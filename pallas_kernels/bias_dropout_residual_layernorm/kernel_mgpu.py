@@ -317,7 +317,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     in_smem = blocks.bwd_params_smem
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
     stats_smem = blocks.bwd_stats_smem and steps * br <= _MAX_SMEM_STATS
-    chunks = -(-steps // _TMA_BOX)  # TMA copies per statistic
+    chunks = -(-steps // _TMA_BOX)  # TMA copies per statistic, all arriving on one barrier
     interleave = blocks.bwd_interleave
     tile_of = _mgpu.tile_order(interleave, programs, steps)
     # The (R,) statistics as 2-D views in which program p's step s is one (br,) window: (tiles, br), row p·steps + s;
@@ -334,7 +334,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         dbias_gmem = next(it) if has_bias else None
         acc_smem = next(it)  # (n_acc, br, D) float32: d_scale, d_shift[, d_bias] summed over this program's tiles
         par_smem = next(it) if in_smem else None  # (2, D) float32: the scale and the bias
-        # (steps, br) float32 each: the program's means and rstds, and the barriers of their copies
+        # (steps, br) float32 each: the program's means and rstds, and the barrier of their copies
         mean_smem, rstd_smem, stats_bar = (next(it), next(it), next(it)) if stats_smem else (None,) * 3
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
@@ -363,19 +363,17 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             return t.stat(windows(mean_gmem, s, 1).at[0]), t.stat(windows(rstd_gmem, s, 1).at[0])
 
         if stats_smem:  # issued before the pipeline's first fetches; waited for in the first step
-            for k, (src, dst) in enumerate(((mean_gmem, mean_smem), (rstd_gmem, rstd_smem))):
+            for src, dst in ((mean_gmem, mean_smem), (rstd_gmem, rstd_smem)):
                 for c in range(chunks):
                     n = min(_TMA_BOX, steps - c * _TMA_BOX)
-                    plgpu.copy_gmem_to_smem(windows(src, c * _TMA_BOX, n), dst.at[pl.ds(c * _TMA_BOX, n)],
-                                            stats_bar.at[k])
+                    plgpu.copy_gmem_to_smem(windows(src, c * _TMA_BOX, n), dst.at[pl.ds(c * _TMA_BOX, n)], stats_bar)
 
         def step(idx, *smem_and_carry):
             *smem, (prefetched, sums) = smem_and_carry
             if stats_smem:
                 @pl.when(idx[0] == 0)
                 def _():
-                    plgpu.barrier_wait(stats_bar.at[0])
-                    plgpu.barrier_wait(stats_bar.at[1])
+                    plgpu.barrier_wait(stats_bar)
 
                 mean_, rstd_, next_stats = t.stat(mean_smem.at[idx[0]]), t.stat(rstd_smem.at[idx[0]]), ()
             else:
@@ -431,12 +429,14 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     big = lambda dt: jax.ShapeDtypeStruct((rows, width), dt)  # noqa: E731
     part = jax.ShapeDtypeStruct((programs, width), jnp.float32)
     out = [big(x.dtype)] + ([big(residual.dtype)] if want_dres else []) + [part] * n_acc
+    scratch = [plgpu.SMEM((n_acc, br, width), jnp.float32)]  # in the order `body` takes them
+    if in_smem:
+        scratch.append(plgpu.SMEM((2, width), jnp.float32))
+    if stats_smem:
+        scratch += [plgpu.SMEM((steps, br), jnp.float32)] * 2 + [plgpu.Barrier(num_arrivals=2 * chunks)]
     res = list(kernel_call(body, tuple(out), programs=programs, interpret=interpret,
                            approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
-                           scratch_types=(plgpu.SMEM((n_acc, br, width), jnp.float32),)
-                           + ((plgpu.SMEM((2, width), jnp.float32),) if in_smem else ())
-                           + ((plgpu.SMEM((steps, br), jnp.float32),) * 2
-                              + (plgpu.Barrier(num_arrivals=chunks, num_barriers=2),) if stats_smem else ()))(*args))
+                           scratch_types=tuple(scratch))(*args))
     dx = res.pop(0)
     dres = res.pop(0) if want_dres else None
     dscale, dshift = res.pop(0), res.pop(0)
