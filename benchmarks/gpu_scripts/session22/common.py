@@ -14,8 +14,8 @@ from pallas_kernels.dropout import seed_from_key  # noqa: E402
 
 
 def parse(op: str, *, shapes: str | None = None, extra=()):
-    """`--calls`, `--shapes` (RxD labels of `SHAPES[op]`, comma-separated; default all, or `shapes`), `--rates`, and
-    `extra` (name, default, help) string options."""
+    """`--calls`, `--shapes` (RxD labels, comma-separated, in that order; default all of `SHAPES[op]`, or `shapes`),
+    `--rates`, and `extra` (name, default, help) string options."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--shapes", default=shapes or ",".join(f"{r}x{d}" for r, d in SHAPES[op]))
@@ -23,7 +23,7 @@ def parse(op: str, *, shapes: str | None = None, extra=()):
     for name, default, help_ in extra:
         ap.add_argument(name, default=default, help=help_)
     a = ap.parse_args()
-    a.shape_list = [(r, d) for r, d in SHAPES[op] if f"{r}x{d}" in a.shapes.split(",")]
+    a.shape_list = [tuple(int(v) for v in label.split("x")) for label in a.shapes.split(",") if label]
     a.rate_list = [float(r) for r in a.rates.split(",")]
     return a
 

@@ -23,7 +23,7 @@ def main():
     def g(r, k):
         try:
             return int(r[ix[k]])
-        except (ValueError, IndexError):
+        except (ValueError, IndexError, KeyError):  # a reason this ncu does not report counts 0
             return 0
 
     total = sum(g(r, "Warp Stall Sampling (All Samples)") for r in data)
