@@ -241,6 +241,29 @@ def test_mgpu_lowers_for_cuda(op):
     assert not [w for w in caught if "index separately" in str(w.message)]
 
 
+@pytest.mark.parametrize("rows,width,in_smem", [(8192, 1024, True), (12288, 1024, False), (2048, 768, False)])
+def test_bdrln_backward_lowers_for_any_step_count(rows, width, in_smem):
+    """The backward's statistics go to SMEM in one TMA copy per program only where that copy is a multiple of 128
+    bytes (Mosaic GPU rejects others at lowering: 12288 rows are 256 programs of 12 steps of 4 rows, 192 bytes; 2048
+    rows 2 steps); elsewhere the kernel prefetches them from GMEM and lowers all the same."""
+    blocks = ln_mgpu.default_blocks(rows, width, rate=0.1)
+    _, steps = _mgpu.split_programs(rows // blocks.bwd_block_rows, blocks.bwd_programs)
+    assert ln_mgpu.stats_in_smem(blocks, steps) is in_smem
+    x, v, st = jnp.zeros((rows, width), jnp.bfloat16), jnp.zeros((width,)), jnp.zeros((rows,))
+    fn = functools.partial(ln_mgpu.backward, rate=0.1, interpret=False, blocks=blocks)
+    lowered = jax.jit(fn).trace(x, v, x, v, pk.seed_words(jnp.array([1, 2], jnp.uint32)), st, st, x).lower(
+        lowering_platforms=("cuda",))
+    assert "mosaic_gpu" in lowered.as_text()
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("rows,width", [(12288, 1024), (2048, 768)])
+def test_bdrln_mgpu_on_gpu_any_step_count(rows, width):
+    """Shapes whose programs' statistics do not fill 128-byte TMA copies (the backward prefetches them instead)."""
+    _bdrln_case(rows, width, jnp.bfloat16, 0.1, 64, plain=False, interpret=False)
+
+
 def test_reciprocal_falls_back_to_a_division(monkeypatch):
     """Where a jax lacks the private Mosaic GPU hooks `_mgpu.reciprocal` uses for rcp.approx.ftz, bias+GELU's kernels
     still lower, with a division (the shape differs from the test above: no cached trace)."""

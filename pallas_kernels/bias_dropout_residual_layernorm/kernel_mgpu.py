@@ -74,7 +74,7 @@ class Blocks:
     # pipeline starts, and read from SMEM in every step, instead of each tile's loaded from GMEM a step ahead as a
     # loop carry: ptxas sinks that prefetch to the end of the step it was meant to run ahead of (at 255 registers),
     # where the carry waits for it (ncu's stall samples, "Session 26"). Only where the program's statistics take at
-    # most `_MAX_SMEM_STATS` floats each (else the prefetch).
+    # most `_MAX_SMEM_STATS` floats each, in copies of whole 128-byte multiples (else the prefetch: `stats_in_smem`).
     bwd_stats_smem: bool = True
     # The forward's / backward's tiles dealt to programs round-robin (program p takes tiles p, p + programs, ...), so
     # that the programs stream through one window of the arrays together, instead of each a contiguous run of tiles:
@@ -92,6 +92,21 @@ class Blocks:
 
 _MAX_SMEM_STATS = 1024  # rows of statistics per program that the backward keeps in SMEM (4 KiB each of mean, rstd)
 _TMA_BOX = 256  # elements per dimension of one TMA copy
+
+
+def _stats_chunks(steps: int) -> list[int]:
+    """Steps per TMA copy of a program's statistics: boxes of at most `_TMA_BOX` steps."""
+    return [min(_TMA_BOX, steps - c) for c in range(0, steps, _TMA_BOX)]
+
+
+def stats_in_smem(blocks: Blocks, steps: int) -> bool:
+    """Whether the backward copies its program's statistics to SMEM (`Blocks.bwd_stats_smem`) for `steps` steps per
+    program: at most `_MAX_SMEM_STATS` rows, and each copy a multiple of 128 bytes (Mosaic GPU splits a TMA copy's
+    byte count over the warpgroup's 128 threads and rejects other sizes: 12288 rows, 256 programs of 12 steps of 4
+    rows, would copy 192 bytes). Otherwise each step's statistics are prefetched from GMEM."""
+    br = blocks.bwd_block_rows
+    return (blocks.bwd_stats_smem and steps * br <= _MAX_SMEM_STATS
+            and all(n * br * 4 % _mgpu.WARPGROUP == 0 for n in _stats_chunks(steps)))
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
@@ -316,8 +331,8 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     n_acc = 3 if has_bias else 2
     in_smem = blocks.bwd_params_smem
     barrier = functools.partial(_mgpu.warpgroup_barrier, interpret, auto_barriers=blocks.auto_barriers)
-    stats_smem = blocks.bwd_stats_smem and steps * br <= _MAX_SMEM_STATS
-    chunks = -(-steps // _TMA_BOX)  # TMA copies per statistic, all arriving on one barrier
+    stats_smem = stats_in_smem(blocks, steps)
+    chunks = _stats_chunks(steps)  # steps per TMA copy of each statistic, all arriving on one barrier
     interleave = blocks.bwd_interleave
     tile_of = _mgpu.tile_order(interleave, programs, steps)
     # The (R,) statistics as 2-D views in which program p's step s is one (br,) window: (tiles, br), row p·steps + s;
@@ -364,8 +379,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
 
         if stats_smem:  # issued before the pipeline's first fetches; waited for in the first step
             for src, dst in ((mean_gmem, mean_smem), (rstd_gmem, rstd_smem)):
-                for c in range(chunks):
-                    n = min(_TMA_BOX, steps - c * _TMA_BOX)
+                for c, n in enumerate(chunks):
                     plgpu.copy_gmem_to_smem(windows(src, c * _TMA_BOX, n), dst.at[pl.ds(c * _TMA_BOX, n)], stats_bar)
 
         def step(idx, *smem_and_carry):
@@ -433,7 +447,7 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
     if in_smem:
         scratch.append(plgpu.SMEM((2, width), jnp.float32))
     if stats_smem:
-        scratch += [plgpu.SMEM((steps, br), jnp.float32)] * 2 + [plgpu.Barrier(num_arrivals=2 * chunks)]
+        scratch += [plgpu.SMEM((steps, br), jnp.float32)] * 2 + [plgpu.Barrier(num_arrivals=2 * len(chunks))]
     res = list(kernel_call(body, tuple(out), programs=programs, interpret=interpret,
                            approx_math=blocks.approx_math, name="bdrln_bwd_mgpu", auto_barriers=blocks.auto_barriers,
                            scratch_types=tuple(scratch))(*args))
