@@ -76,10 +76,8 @@ def _bias_gelu_case(rows, width, dtype, rate, row_offset, *, interpret, blocks=N
 ])
 def test_bias_gelu_mgpu_interpret(dtype, rate, row_offset):
     width = 512 if dtype == jnp.bfloat16 else 256
-    # a contiguous run of tiles per program or round-robin; the masks drawn in each step or a step ahead
-    for interleave, ahead in ((False, False), (True, False), (True, True)):
-        blocks = bg_mgpu.Blocks(block_rows=2, programs=2, bwd_block_rows=2, bwd_programs=2, interleave=interleave,
-                                fwd_mask_ahead=ahead, bwd_mask_ahead=ahead)
+    for interleave in (False, True):  # a contiguous run of tiles per program, or round-robin
+        blocks = bg_mgpu.Blocks(block_rows=2, programs=2, bwd_block_rows=2, bwd_programs=2, interleave=interleave)
         _bias_gelu_case(8, width, dtype, rate, row_offset, interpret=True, blocks=blocks)
 
 
@@ -88,11 +86,9 @@ def test_bias_gelu_mgpu_interpret(dtype, rate, row_offset):
 @pytest.mark.parametrize("rows,width,rate", [(8192, 3072, 0.0), (8192, 4096, 0.1), (32768, 4096, 0.0)])
 def test_bias_gelu_mgpu_on_gpu(rows, width, rate):
     _bias_gelu_case(rows, width, jnp.bfloat16, rate, 64, interpret=False)
-    default = bg_mgpu.default_blocks(rows, width, rate=rate)  # and the other tile order and mask timing
+    default = bg_mgpu.default_blocks(rows, width, rate=rate)  # and the other tile order
     _bias_gelu_case(rows, width, jnp.bfloat16, rate, 64, interpret=False,
-                    blocks=dataclasses.replace(default, interleave=not default.interleave,
-                                               fwd_mask_ahead=not default.fwd_mask_ahead,
-                                               bwd_mask_ahead=not default.bwd_mask_ahead))
+                    blocks=dataclasses.replace(default, interleave=not default.interleave))
 
 
 @pytest.mark.parametrize("dtype", [

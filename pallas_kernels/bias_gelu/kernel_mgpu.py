@@ -47,10 +47,6 @@ class Blocks:
     # fwd+bwd -3.5 to -4% without dropout (BERT's FFN), -1.5% to +0.2% with (H200); -1 to -3.6% on the H100
     # (benchmarks/results/kernels-h200.md, "Session 26").
     interleave: bool = True
-    # With dropout, each kernel draws the next tile's keep mask at the end of a step (a loop carry; the first tile's
-    # in its own step), so that the hash runs while the next tile's TMA copy is in flight rather than after it lands.
-    fwd_mask_ahead: bool = False
-    bwd_mask_ahead: bool = False
     # exp as ex2.approx.ftz (~2 ulp) and erf's 1/Q as rcp.approx.ftz (<= 1 ulp; `_mgpu.reciprocal`), within the
     # tests' bound of the reference (float32 1e-5 relative); off: IEEE exp and division
     approx_math: bool = True
@@ -91,31 +87,6 @@ def _keep(seeds, tile_index, br, width, vec, interpret, rate):
     return keep_mask_lanes((s0, s1), first, iota(br * width, vec, interpret), rate)
 
 
-class _Masks:
-    """The keep masks of program p's steps: drawn in the step (`ahead` False), or a step ahead as a loop carry (`ahead`
-    True: step 0 draws its own, so the pipeline's first fetches are not held behind the hash; each step s then draws
-    step s + 1's at its end, after its stores, and its mask runs while the next tile's TMA copy is in flight)."""
-
-    def __init__(self, ahead, seeds, p, tile_of, steps, br, width, vec, interpret, rate):
-        self.ahead, self.steps = ahead, steps
-        self.placeholder = lambda: strided(jnp.zeros((br * width,), jnp.bool_), vec, interpret)  # noqa: E731
-        self.draw = lambda s: _keep(seeds, tile_of(p, s), br, width, vec, interpret, rate)  # noqa: E731
-
-    def init(self):
-        """The carry before step 0 (a placeholder: step 0 draws its own), or None without one."""
-        return self.placeholder() if self.ahead else None
-
-    def current(self, s, carried=None):
-        """Step s's mask (`carried`: what the last step returned)."""
-        if not self.ahead:
-            return self.draw(s)
-        return lax.cond(s == 0, lambda: self.draw(s), lambda: carried)
-
-    def next(self, s, keep):
-        """Step s + 1's mask, drawn at the end of step s (the carry is kept past the last step)."""
-        return lax.cond(s + 1 < self.steps, lambda: self.draw(s + 1), lambda: keep)
-
-
 def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     """x (R, F), bias (F,), seed_words uint32[4] = [seed0, seed1, row_offset, head_offset] -> y (R, F) in x.dtype."""
     rows, width = x.shape
@@ -127,29 +98,23 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     tile_of = _mgpu.tile_order(blocks.interleave, programs, steps)
     scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
-    ahead = bool(rate) and blocks.fwd_mask_ahead
 
     def body(x_gmem, b_gmem, seed_gmem, y_gmem):
         p = lax.axis_index("p")
         bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF  # (F,) float32 b/√2, once per program
         seeds = _mgpu.seeds(seed_gmem, rate)
 
-        masks = _Masks(ahead, seeds, p, tile_of, steps, br, width, vec, interpret, rate)
-
-        def step(idx, x_smem, y_smem, *carried):
+        def step(idx, x_smem, y_smem):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
             z, cdf = gelu_terms(x, bc, scale, recip)
             z, cdf = z.reshape(n), cdf.reshape(n)
             if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
-                keep = masks.current(idx[0], *carried)
-                cdf = jnp.where(keep, cdf, 0.0)
+                cdf = jnp.where(_keep(seeds, tile_of(p, idx[0]), br, width, vec, interpret, rate), cdf, 0.0)
             y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
-            return masks.next(idx[0], keep) if ahead else None
 
         spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
         pipeline(step, steps=steps, in_specs=[spec], out_specs=[spec],
-                 max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret,
-                 init_carry=masks.init())(x_gmem, y_gmem)
+                 max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret)(x_gmem, y_gmem)
 
     out = jax.ShapeDtypeStruct((rows * width // LANES, LANES), x.dtype)
     y = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
@@ -172,34 +137,25 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
     tile_of = _mgpu.tile_order(blocks.interleave, programs, steps)
     scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
-    ahead = bool(rate) and blocks.bwd_mask_ahead
 
     def body(x_gmem, b_gmem, seed_gmem, dy_gmem, dx_gmem, db_gmem, *acc_smem):
         p = lax.axis_index("p")
         bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF
         seeds = _mgpu.seeds(seed_gmem, rate)
 
-        masks = _Masks(ahead, seeds, p, tile_of, steps, br, width, vec, interpret, rate)
-
-        def step(idx, x_smem, dy_smem, dx_smem, carry):
-            acc, *carried = carry if ahead else (carry,)
+        def step(idx, x_smem, dy_smem, dx_smem, acc):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
             grad = gelu_grad(x, bc, scale, recip).reshape(n)  # times the scale
             if rate:
-                keep = masks.current(idx[0], *carried)
-                grad = jnp.where(keep, grad, 0.0)
+                grad = jnp.where(_keep(seeds, tile_of(p, idx[0]), br, width, vec, interpret, rate), grad, 0.0)
             dx = dy_smem[...].astype(jnp.float32).reshape(n) * grad
             dx_smem[...] = dx.astype(dx_smem.dtype).reshape(tile)
-            if ahead:
-                return acc + dx, masks.next(idx[0], keep)
             return acc + dx
 
         spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
-        init = zeros(n, vec, interpret)
-        carry = pipeline(step, steps=steps, in_specs=[spec, spec], out_specs=[spec],
-                         max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
-                         init_carry=(init, masks.init()) if ahead else init)(x_gmem, dy_gmem, dx_gmem)
-        acc = carry[0] if ahead else carry
+        acc = pipeline(step, steps=steps, in_specs=[spec, spec], out_specs=[spec],
+                       max_concurrent_steps=blocks.bwd_max_concurrent_steps, interpret=interpret,
+                       init_carry=zeros(n, vec, interpret))(x_gmem, dy_gmem, dx_gmem)
         # Fold the accumulator's rows through SMEM (strided arrays have no per-axis reduction; the store's barrier
         # orders the row reads), then one row of partial sums per program, from registers straight to GMEM.
         if br == 1:
