@@ -164,10 +164,10 @@ def test_bdrln_mgpu_interpret(dtype, rate, row_offset, plain):
     for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
         # carries (the rest SMEM tiles); the forward's y through SMEM or straight from registers, and its dropout
         # mask drawn a step ahead or not; with Pallas' barriers or the kernels' own; the backward's row statistics
-        # from SMEM or prefetched from GMEM; either kernel's parameters through SMEM or not
+        # from SMEM or prefetched from GMEM
         blocks = ln_mgpu.Blocks(block_rows=4, programs=2, bwd_block_rows=4, bwd_programs=2, bwd_register_sums=n_reg,
                                 fwd_direct_store=direct, fwd_mask_ahead=direct, auto_barriers=n_reg != 2,
-                                bwd_params_smem=n_reg != 0, fwd_params_smem=n_reg != 3, bwd_stats_smem=n_reg != 2, fwd_interleave=n_reg == 2,
+                                bwd_params_smem=n_reg != 0, bwd_stats_smem=n_reg != 2, fwd_interleave=n_reg == 2,
                                 bwd_interleave=n_reg != 0)
         _bdrln_case(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
@@ -200,7 +200,6 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
                                     fwd_mask_ahead=not default.fwd_mask_ahead,
                                     auto_barriers=not default.auto_barriers,
                                     bwd_params_smem=not default.bwd_params_smem,
-                                    fwd_params_smem=not default.fwd_params_smem,
                                     bwd_stats_smem=not default.bwd_stats_smem,
                                     fwd_interleave=default.fwd_interleave != flip,
                                     bwd_interleave=default.bwd_interleave != flip)

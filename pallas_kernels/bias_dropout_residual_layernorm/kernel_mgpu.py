@@ -70,10 +70,6 @@ class Blocks:
     # instead of held in registers (32 per thread each at 1024 wide) for the whole program (`default_blocks`: at
     # 1024 wide with dropout, where it makes room for all three column sums).
     bwd_params_smem: bool = False
-    # The forward's (D,) bias, LN scale and LN shift read from GMEM once per program strided over the warpgroup (D/128
-    # floats per thread), through SMEM, instead of every warp reading every column from GMEM (the row layout: 4x the
-    # bytes per program, before its first tile).
-    fwd_params_smem: bool = False
     # The backward's row statistics (mean, rstd) of all the program's tiles TMA'd GMEM -> SMEM once, before its
     # pipeline starts, and read from SMEM in every step, instead of each tile's loaded from GMEM a step ahead as a
     # loop carry: ptxas sinks that prefetch to the end of the step it was meant to run ahead of (at 255 registers),
@@ -253,15 +249,6 @@ def _views(block_rows: int, width: int, interpret: bool):
             (lambda ref: None if ref is None else ref.reshape(block_rows, width)))
 
 
-def _params_to_smem(refs, par_smem, width: int, t: _Tile, barrier):
-    """Each (D,) float32 parameter in `refs` GMEM -> registers (strided over the warpgroup: D/128 floats per thread)
-    -> its row of `par_smem`, once per program; returns the SMEM rows (read with `t.param`)."""
-    for k, ref in enumerate(refs):
-        t.store(par_smem.at[k], _mgpu.strided(ref[...], math.gcd(width // _mgpu.WARPGROUP, 4), t.interpret))
-    barrier()  # other warps read what each wrote
-    return [par_smem.at[k] for k in range(len(refs))]
-
-
 def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpret, blocks: Blocks):
     """x, residual: (R, D); bias, scale, shift: (D,); seed_words uint32[4]. Returns y, mean (R,), rstd (R,)."""
     rows, width = x.shape
@@ -284,11 +271,8 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
         s_gmem, t_gmem, seed_gmem, y_gmem, mean_gmem, rstd_gmem = (next(it) for _ in range(6))
         p = lax.axis_index("p")
         t = _Tile((br, width), vec, interpret)
-        srcs = [s_gmem, t_gmem] + ([b_gmem] if has_bias else [])
-        if blocks.fwd_params_smem:
-            srcs = _params_to_smem(srcs, next(it), width, t, barrier)
-        g, beta = t.param(srcs[0]), t.param(srcs[1])
-        b = t.param(srcs[2]) if has_bias else None
+        b = t.param(b_gmem) if has_bias else None
+        g, beta = t.param(s_gmem), t.param(t_gmem)
         seeds = _mgpu.seeds(seed_gmem, rate)
 
         def step(idx, *smem):
@@ -328,10 +312,8 @@ def _forward(x, bias, residual, scale, shift, seed_words, *, rate, eps, interpre
                                                                                                seed_words]
     stat = jax.ShapeDtypeStruct((rows,), jnp.float32)
     out = (jax.ShapeDtypeStruct((rows, width) if direct else flat(x).shape, out_dtype), stat, stat)
-    scratch = (plgpu.SMEM((3 if has_bias else 2, width), jnp.float32),) if blocks.fwd_params_smem else ()
     y, mean, rstd = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
-                                name="bdrln_fwd_mgpu", auto_barriers=blocks.auto_barriers,
-                                scratch_types=scratch)(*args)
+                                name="bdrln_fwd_mgpu", auto_barriers=blocks.auto_barriers)(*args)
     return y.reshape(rows, width), mean, rstd
 
 
@@ -373,8 +355,10 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
         t = _Tile((br, width), vec, interpret)
         g_src, b_src = s_gmem, b_gmem  # where each step reads the LN scale and the bias
         if in_smem:  # GMEM -> registers (strided over the warpgroup) -> SMEM, once
-            g_src, *b_src = _params_to_smem([s_gmem] + ([b_gmem] if has_bias else []), par_smem, width, t, barrier)
-            b_src = b_src[0] if has_bias else None
+            for k, ref in enumerate((s_gmem, b_gmem) if has_bias else (s_gmem,)):
+                t.store(par_smem.at[k], _mgpu.strided(ref[...], math.gcd(width // _mgpu.WARPGROUP, 4), interpret))
+            barrier()  # other warps read what each wrote
+            g_src, b_src = par_smem.at[0], par_smem.at[1]
 
         def params():  # (bias or None, scale) broadcast over a tile
             return (t.param(b_src) if has_bias else None), t.param(g_src)
