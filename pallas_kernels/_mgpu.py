@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 import warnings
 
 import jax
@@ -257,13 +256,6 @@ def tile_order(interleave: bool, programs: int, steps: int):
     return (lambda p, s: s * programs + p) if interleave else (lambda p, s: p * steps + s)
 
 
-# Programmatic dependent launch (session 27's experiment, JAXFORMER_MGPU_PDL=1): each row kernel starts with
-# `griddepcontrol.wait`, so Mosaic GPU launches it with programmatic stream serialization and its CTAs may be placed
-# while the kernel before it in the stream drains; the wait (before any read of an input) holds them until that
-# kernel has finished and its writes are visible.
-PDL = os.environ.get("JAXFORMER_MGPU_PDL", "0") == "1"
-
-
 def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: bool, name: str,
                 scratch_types=(), reduction_scratch_bytes: int | None = None, auto_barriers: bool = True):
     """`plgpu.kernel` over a 1-D grid of `programs` named "p", one warpgroup each. `auto_barriers=False`: Pallas
@@ -278,12 +270,6 @@ def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: 
         params["reduction_scratch_bytes"] = reduction_scratch_bytes
     if not auto_barriers:
         params["unsafe_no_auto_barriers"] = True
-    if PDL and not interpret:
-        inner = body
-
-        def body(*refs):
-            plgpu.griddepcontrol_wait()
-            inner(*refs)
     return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, grid=(programs,), grid_names=("p",),
                         compiler_params=plgpu.CompilerParams(**params),
                         interpret=interpret_params(interpret), kernel_name=name)
