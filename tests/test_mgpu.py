@@ -208,6 +208,17 @@ def test_bdrln_mgpu_on_gpu(rows, width, rate, plain):
 
 # ------------------------------------------------------------------------------------- lowering, on any machine
 
+def _bdrln_compiled(stage: str, rows: int, width: int, blocks, rate: float = 0.1):
+    """BDRLN's compiled (not interpreted) Mosaic GPU forward or backward (`stage`) with bias and residual, and zero
+    operands of a (rows, width) bf16 shard, to lower for CUDA."""
+    words = pk.seed_words(jnp.array([1, 2], jnp.uint32))
+    x, v, st = jnp.zeros((rows, width), jnp.bfloat16), jnp.zeros((width,)), jnp.zeros((rows,))
+    kw = dict(rate=rate, interpret=False, blocks=blocks)
+    if stage == "fwd":
+        return functools.partial(ln_mgpu.forward, eps=1e-12, **kw), (x, v, x, v, v, words)
+    return functools.partial(ln_mgpu.backward, **kw), (x, v, x, v, words, st, st, x)
+
+
 @pytest.mark.parametrize("op", ["bias_gelu_fwd", "bias_gelu_bwd", "bdrln_fwd", "bdrln_bwd"])
 def test_mgpu_lowers_for_cuda(op):
     """The compiled (not interpreted) kernels lower to Mosaic GPU modules for CUDA on BERT shapes: layouts, TMA
@@ -222,11 +233,7 @@ def test_mgpu_lowers_for_cuda(op):
         fn, args = ((functools.partial(bg_mgpu.forward, **kw), (x, v, words)) if op.endswith("fwd")
                     else (functools.partial(bg_mgpu.backward, **kw), (x, v, words, x)))
     else:
-        x, v, st = jnp.zeros((8192, 768), jnp.bfloat16), jnp.zeros((768,)), jnp.zeros((8192,))
-        kw = dict(rate=0.1, interpret=False, blocks=ln_mgpu.default_blocks(8192, 768, rate=0.1))
-        fn, args = ((functools.partial(ln_mgpu.forward, eps=1e-12, **kw), (x, v, x, v, v, words))
-                    if op.endswith("fwd") else
-                    (functools.partial(ln_mgpu.backward, **kw), (x, v, x, v, words, st, st, x)))
+        fn, args = _bdrln_compiled(op[-3:], 8192, 768, ln_mgpu.default_blocks(8192, 768, rate=0.1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lowered = jax.jit(lambda *a: (fn(*a), fn(*a))).trace(*args).lower(lowering_platforms=("cuda",))
@@ -245,11 +252,8 @@ def test_bdrln_backward_lowers_for_any_step_count(rows, width, in_smem):
     blocks = ln_mgpu.default_blocks(rows, width, rate=0.1)
     _, steps = _mgpu.split_programs(rows // blocks.bwd_block_rows, blocks.bwd_programs)
     assert ln_mgpu.stats_in_smem(blocks, steps) is in_smem
-    x, v, st = jnp.zeros((rows, width), jnp.bfloat16), jnp.zeros((width,)), jnp.zeros((rows,))
-    fn = functools.partial(ln_mgpu.backward, rate=0.1, interpret=False, blocks=blocks)
-    lowered = jax.jit(fn).trace(x, v, x, v, pk.seed_words(jnp.array([1, 2], jnp.uint32)), st, st, x).lower(
-        lowering_platforms=("cuda",))
-    assert "mosaic_gpu" in lowered.as_text()
+    fn, args = _bdrln_compiled("bwd", rows, width, blocks)
+    assert "mosaic_gpu" in jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.gpu

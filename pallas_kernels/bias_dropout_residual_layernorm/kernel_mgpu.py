@@ -91,7 +91,7 @@ class Blocks:
 
 
 _MAX_SMEM_STATS = 1024  # rows of statistics per program that the backward keeps in SMEM (4 KiB each of mean, rstd)
-_TMA_BOX = 256  # elements per dimension of one TMA copy
+_TMA_BOX = _mgpu.MAX_TILE_ROWS  # elements per dimension of one TMA copy (the statistics' copies are chunked by it)
 
 
 def _stats_chunks(steps: int) -> list[int]:
