@@ -1,12 +1,13 @@
-"""Session 28: each unmet issue-4 target against a floor. For BDRLN and bias+GELU with dropout (p = 0.1), device time
-on rotated inputs (session 21's method, `session22/common.py`) of
+"""Session 28: each unmet issue-4 target against a floor. For BDRLN and bias+GELU, device time on rotated inputs
+(session 21's method, `session22/common.py`) of
 
-- the operator as shipped (`backend="auto"`, the default dispatch), its XLA reference (the 2x denominator), and
+- the operator as shipped (`backend="auto"`, the default dispatch) at each of `--rates` (default 0.1), its XLA
+  reference (the 2x denominator), and
 - a *floor*: two XLA elementwise kernels reading and writing as many (R, D) bf16 arrays as the operator's forward
-  and backward kernels (BDRLN: x, r -> y = x + r; x, r, y -> x + y, r + y. bias+GELU: x -> y = 2x; x, y -> x + y;
-  an optimisation barrier between them keeps XLA from fusing the two into one kernel that never writes y), with no
-  dropout, no reductions and no parameter gradients: XLA's simplest kernels that move the operator's bytes in its
-  two launches.
+  and backward kernels (BDRLN: x, r -> y = x + r; x, r, y -> x + y, r + y, or x + r + y without dropout. bias+GELU:
+  x -> y = 2x; x, y -> x + y; an optimisation barrier between them keeps XLA from fusing the two into one kernel
+  that never writes y), with no dropout, no reductions and no parameter gradients: XLA's simplest kernels that move
+  the operator's bytes in its two launches.
 
 If the floor itself sits near or below 85% of the copy probe (or at under 2x XLA's fusion), the target asks the
 kernels to move their bytes faster than XLA's plain add of the same arrays.
@@ -15,6 +16,7 @@ kernels to move their bytes faster than XLA's plain add of the same arrays.
         [--bdrln 8192x768,...] [--gelu 8192x3072,...]
 """
 import argparse
+import functools
 import os
 import sys
 
@@ -29,16 +31,17 @@ import pallas_kernels.bias_dropout_residual_layernorm as bdrln  # noqa: E402
 import pallas_kernels.bias_gelu as bias_gelu  # noqa: E402
 
 
-def bdrln_floor(args):
-    """BDRLN's arrays in two XLA kernels: x, r -> y (the forward's); x, r, y -> (2R, D), the backward's two outputs
-    as one array so that XLA writes them from one fusion (as two outputs it emitted two kernels, re-reading dy)."""
+def bdrln_floor(args, rate):
+    """BDRLN's arrays in two XLA kernels: x, r -> y (the forward's); with dropout x, r, y -> (2R, D), the backward's
+    two outputs as one array so that XLA writes them from one fusion (as two outputs it emitted two kernels, each
+    re-reading dy); without, x, r, y -> x + r + y (dx = d_residual, one array)."""
     x, _, res, _, _ = args
     y = x + res
     x, res, y = jax.lax.optimization_barrier((x, res, y))  # the forward's output materialised, as the kernels'
-    return jnp.concatenate([x + y, res + y], axis=0)
+    return jnp.concatenate([x + y, res + y], axis=0) if rate else x + res + y
 
 
-def gelu_floor(args):
+def gelu_floor(args, rate):
     """bias+GELU's arrays in two XLA kernels: x -> y (the forward's); x, y -> dx."""
     x, _ = args
     y = x * 2
@@ -54,36 +57,37 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rates", default="0.1")
     ap.add_argument("--bdrln", default="8192x768,8192x1024,16384x768,16384x1024,32768x1024")
     ap.add_argument("--gelu", default="8192x3072,8192x4096,16384x4096,32768x4096")
     a = ap.parse_args()
     _, gbs = copy_device_time()
-    header("fwd+bwd with dropout 0.1 (the floor without), each kernel's device time", a.calls,
-           ["op", "shape", "impl", "round", "total", "% of copy BW", "XLA / impl", "kernels (us)"], gbs)
+    header("fwd+bwd at dropout rate p (the floor without dropout), each kernel's device time", a.calls,
+           ["op", "shape", "p", "impl", "round", "total", "% of copy BW", "XLA / impl", "kernels (us)"], gbs)
     key, seed = keys()
-    rate = 0.1
     cases = []
-    for rows, d in shapes(a.bdrln):
+    for rate, (rows, d) in ((float(p), s) for p in a.rates.split(",") for s in shapes(a.bdrln)):
         args = bdrln_inputs(key, rows, d)
         kw = dict(seed=seed, rate=rate, eps=1e-12)
-        cases.append(("bdrln", rows, d, 8 * rows * d * 2, args, {
+        cases.append(("bdrln", rate, rows, d, (8 if rate else 7) * rows * d * 2, args, {
             "xla": lambda *t, kw=kw: bdrln.reference.bias_dropout_residual_layernorm(*t, **kw),
             "auto": lambda *t, kw=kw: bdrln.bias_dropout_residual_layernorm(*t, **kw),
             "floor": None}))
-    for rows, d in shapes(a.gelu):
+    for rate, (rows, d) in ((float(p), s) for p in a.rates.split(",") for s in shapes(a.gelu)):
         args = (jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,)))
-        cases.append(("bias_gelu", rows, d, 5 * rows * d * 2, args, {
-            "xla": lambda *t: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate),
-            "auto": lambda *t: bias_gelu.bias_gelu(*t, seed=seed, rate=rate),
+        cases.append(("bias_gelu", rate, rows, d, 5 * rows * d * 2, args, {
+            "xla": lambda *t, rate=rate: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate),
+            "auto": lambda *t, rate=rate: bias_gelu.bias_gelu(*t, seed=seed, rate=rate),
             "floor": None}))
     floors = {"bdrln": bdrln_floor, "bias_gelu": gelu_floor}
-    for op, rows, d, nbytes, args, impls in cases:
+    for op, rate, rows, d, nbytes, args, impls in cases:
         names = list(impls)
         for r in range(a.rounds):
             k = r % len(names)
             rows_out = {}
             for name in names[k:] + names[:k]:
-                step = floors[op] if name == "floor" else _grads_as_carry(impls[name], len(args))
+                step = (functools.partial(floors[op], rate=rate) if name == "floor"
+                        else _grads_as_carry(impls[name], len(args)))
                 times = cold_profile(step, args, a.calls)
                 rows_out[name] = {n: v / a.calls / 1e3 for n, v in times.items()}
             xla = sum(rows_out["xla"].values())
@@ -91,7 +95,7 @@ def main():
                 us = rows_out[name]
                 total = sum(us.values())
                 kern = ", ".join(f"{n[:40]} {v:.1f}" for n, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.05)
-                print(f"| {op} | {rows}x{d} | {name} | {r} | {total:.1f} | "
+                print(f"| {op} | {rows}x{d} | {rate} | {name} | {r} | {total:.1f} | "
                       f"{100 * nbytes / (total * 1e-6) / (gbs * 1e9):.1f}% | {xla / total:.2f}x | {kern} |", flush=True)
 
 if __name__ == "__main__":
