@@ -1,0 +1,54 @@
+"""Session 28: floors.py's log as one row per (op, shape, p): the two rounds' range of the shipped operator (its
+forward / backward / other kernels), the floor, XLA, and what 85% of the copy probe allows.
+
+    python benchmarks/gpu_scripts/session28/summarize.py logs/run5/floors.txt
+"""
+import re
+import sys
+from collections import defaultdict
+
+
+def main(path):
+    lines = open(path).read().splitlines()
+    gbs = float(re.search(r"copy probe (\d+) GB/s", lines[0]).group(1))
+    runs = defaultdict(list)
+    for line in lines[3:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) < 9:
+            continue
+        op, shape, p, impl, _, total, _, _, kernels = cells
+        parts = {"fwd": 0.0, "bwd": 0.0, "other": 0.0}
+        found = [(name, float(us)) for name, us in re.findall(r"([^,]+?) (\d+\.\d+)(?:,|$)", kernels)
+                 if "MemcpyD2D" not in name]
+        if impl == "floor":  # XLA's names: its forward kernel moves fewer arrays, so it is the shorter one
+            parts["fwd"], parts["bwd"] = sorted(us for _, us in found)
+        for name, us in found if impl != "floor" else ():
+            parts["fwd" if "_fwd" in name else "bwd" if "_bwd" in name else "other"] += us
+        runs[(op, shape, p, impl)].append((float(total), parts))
+    print(f"copy probe {gbs:.0f} GB/s")
+    print("| op | shape | p | shipped (fwd / bwd / other) | floor (fwd / bwd) | XLA | % of copy BW: shipped / floor | "
+          "shipped / floor | XLA / shipped, XLA / floor | 85% allows | needed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (op, shape, p, impl), rs in runs.items():
+        if impl != "auto":
+            continue
+        r, d = (int(v) for v in shape.split("x"))
+        arrays = (8 if float(p) else 7) if op == "bdrln" else 5
+        nbytes = arrays * r * d * 2
+        allow = nbytes / (0.85 * gbs * 1e3)
+        fl = runs[(op, shape, p, "floor")]
+        xla = runs[(op, shape, p, "xla")]
+        mean = lambda rs: sum(t for t, _ in rs) / len(rs)  # noqa: E731
+        rng = lambda rs: "-".join(sorted({f"{t:.1f}" for t, _ in rs}, key=float))  # noqa: E731
+        sp = {k: sum(x[k] for _, x in rs) / len(rs) for k in ("fwd", "bwd", "other")}
+        fp = {k: sum(x[k] for _, x in fl) / len(fl) for k in ("fwd", "bwd", "other")}
+        print(f"| {op} | {shape} | {p} | {rng(rs)} ({sp['fwd']:.1f} / {sp['bwd']:.1f} / {sp['other']:.1f}) | "
+              f"{rng(fl)} ({fp['fwd']:.1f} / {fp['bwd']:.1f}) | {rng(xla)} | "
+              f"{100 * nbytes / (mean(rs) * 1e-6) / (gbs * 1e9):.1f}% / "
+              f"{100 * nbytes / (mean(fl) * 1e-6) / (gbs * 1e9):.1f}% | {mean(rs) / mean(fl):.2f} | "
+              f"{mean(xla) / mean(rs):.2f}x, {mean(xla) / mean(fl):.2f}x | {allow:.1f} | "
+              f"{max(0.0, mean(rs) - allow):.1f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
