@@ -33,7 +33,7 @@ import pallas_kernels.bias_gelu as bias_gelu  # noqa: E402
 
 def words(a):
     """A bf16 (R, D) array as (R, D/2) uint32 words (a bitcast, free inside a fusion): XLA's bf16 elementwise kernels
-    move bytes 16-24% below its 32-bit ones ("Session 20", 5; this script's run 3: bf16 `2x` at 73-78% of the copy
+    move bytes 16-24% below its 32-bit ones ("Session 20", 5; this script's run 3: bf16 `2x` at 76-78% of the copy
     probe), so the floor adds words, not bf16 numbers."""
     return jax.lax.bitcast_convert_type(a.reshape(a.shape[0], -1, 2), jnp.uint32)
 
