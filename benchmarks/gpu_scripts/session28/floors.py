@@ -63,6 +63,11 @@ def total_of(us: dict) -> float:
     return sum(v for n, v in us.items() if "MemcpyD2D" not in n)
 
 
+def fwd_bwd(fn, args):
+    """The operator's forward and VJP as one step (`benchmarks.kernels._grads_as_carry`)."""
+    return _grads_as_carry(fn, len(args))
+
+
 def shapes(s):
     return [tuple(int(v) for v in label.split("x")) for label in s.split(",") if label]
 
@@ -84,25 +89,22 @@ def main():
         args = bdrln_inputs(key, rows, d)
         kw = dict(seed=seed, rate=rate, eps=1e-12)
         cases.append(("bdrln", rate, rows, d, (8 if rate else 7) * rows * d * 2, args, {
-            "xla": lambda *t, kw=kw: bdrln.reference.bias_dropout_residual_layernorm(*t, **kw),
-            "auto": lambda *t, kw=kw: bdrln.bias_dropout_residual_layernorm(*t, **kw),
-            "floor": None}))
+            "xla": fwd_bwd(lambda *t, kw=kw: bdrln.reference.bias_dropout_residual_layernorm(*t, **kw), args),
+            "auto": fwd_bwd(lambda *t, kw=kw: bdrln.bias_dropout_residual_layernorm(*t, **kw), args),
+            "floor": functools.partial(bdrln_floor, rate=rate)}))
     for rate, (rows, d) in ((float(p), s) for p in a.rates.split(",") for s in shapes(a.gelu)):
         args = (jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,)))
         cases.append(("bias_gelu", rate, rows, d, 5 * rows * d * 2, args, {
-            "xla": lambda *t, rate=rate: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate),
-            "auto": lambda *t, rate=rate: bias_gelu.bias_gelu(*t, seed=seed, rate=rate),
-            "floor": None}))
-    floors = {"bdrln": bdrln_floor, "bias_gelu": gelu_floor}
-    for op, rate, rows, d, nbytes, args, impls in cases:
-        names = list(impls)
+            "xla": fwd_bwd(lambda *t, rate=rate: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate), args),
+            "auto": fwd_bwd(lambda *t, rate=rate: bias_gelu.bias_gelu(*t, seed=seed, rate=rate), args),
+            "floor": functools.partial(gelu_floor, rate=rate)}))
+    for op, rate, rows, d, nbytes, args, steps in cases:
+        names = list(steps)
         for r in range(a.rounds):
             k = r % len(names)
             rows_out = {}
             for name in names[k:] + names[:k]:
-                step = (functools.partial(floors[op], rate=rate) if name == "floor"
-                        else _grads_as_carry(impls[name], len(args)))
-                times = cold_profile(step, args, a.calls)
+                times = cold_profile(steps[name], args, a.calls)
                 rows_out[name] = {n: v / a.calls / 1e3 for n, v in times.items()}
             xla = total_of(rows_out["xla"])
             for name in names:
@@ -111,6 +113,7 @@ def main():
                 kern = ", ".join(f"{n[:40]} {v:.1f}" for n, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.05)
                 print(f"| {op} | {rows}x{d} | {rate} | {name} | {r} | {total:.1f} | "
                       f"{100 * nbytes / (total * 1e-6) / (gbs * 1e9):.1f}% | {xla / total:.2f}x | {kern} |", flush=True)
+
 
 if __name__ == "__main__":
     main()
