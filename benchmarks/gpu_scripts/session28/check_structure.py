@@ -3,6 +3,7 @@ they claim to: an unwritten tile would show as a mismatch). Prints one line per 
 
     PYTHONPATH=. python benchmarks/gpu_scripts/session28/check_structure.py
 """
+import itertools
 import os
 import sys
 
@@ -27,14 +28,16 @@ def main():
         ok = all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip((dx, dr), want))
         bad += not ok
         print(f"bdrln structure {rows}x{d}: {'ok' if ok else 'MISMATCH'}", flush=True)
-    for rows, d in ((8192, 3072), (16384, 4096)):
+    for (rows, d), direct in itertools.product(((8192, 3072), (16384, 4096)), (False, True)):
         x = jax.random.normal(key[2], (rows, d), jnp.bfloat16)
-        dx = jax.jit(lambda a, rows=rows, d=d: structure.gelu_structure(a, rows=rows, width=d))((x, jnp.zeros((d,))))
+        dx = jax.jit(lambda a, rows=rows, d=d, direct=direct: structure.gelu_structure(
+            a, rows=rows, width=d, direct=direct))((x, jnp.zeros((d,))))
         y = (x.astype(jnp.float32) * 2).astype(jnp.bfloat16)
         want = (x.astype(jnp.float32) + y.astype(jnp.float32)).astype(jnp.bfloat16)
         ok = np.array_equal(np.asarray(dx).reshape(rows, d), np.asarray(want))
         bad += not ok
-        print(f"bias_gelu structure {rows}x{d}: {'ok' if ok else 'MISMATCH'}", flush=True)
+        print(f"bias_gelu structure{', direct stores' if direct else ''} {rows}x{d}: {'ok' if ok else 'MISMATCH'}",
+              flush=True)
     sys.exit(1 if bad else 0)
 
 

@@ -79,8 +79,9 @@ def bdrln_structure(args, *, rows, width):
     return bwd(x, res, y)
 
 
-def gelu_structure(args, *, rows, width):
-    """bias+GELU's pipeline shape: TMA in and out through SMEM (Pallas' own barriers), flat (n/LANES, LANES) tiles."""
+def gelu_structure(args, *, rows, width, direct=False):
+    """bias+GELU's pipeline shape: TMA in and out through SMEM (Pallas' own barriers), flat (n/LANES, LANES) tiles;
+    `direct`: the output stored from registers straight to GMEM instead (no SMEM staging, no TMA store)."""
     b = gm.default_blocks(rows, width, rate=0.1)
     x = args[0]
 
@@ -91,16 +92,21 @@ def gelu_structure(args, *, rows, width):
 
         def body(*refs):
             p = lax.axis_index("p")
+            y_gmem = refs[-1]
 
             def step(idx, *smem):
-                *ins, out = smem
+                ins = smem[:n_in]
                 total = ins[0][...].astype(jnp.float32)
                 total = total + (ins[1][...].astype(jnp.float32) if n_in == 2 else total)
-                out[...] = total.astype(out.dtype)
+                if direct:
+                    _mgpu.store(y_gmem.at[pl.ds(tile_of(p, idx[0]) * tile[0], tile[0])], total.astype(y_gmem.dtype),
+                                interpret=False)
+                else:
+                    smem[-1][...] = total.astype(smem[-1].dtype)
 
             spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
-            _mgpu.pipeline(step, steps=steps, in_specs=[spec] * n_in, out_specs=[spec],
-                           max_concurrent_steps=steps_in_flight, interpret=False)(*refs)
+            _mgpu.pipeline(step, steps=steps, in_specs=[spec] * n_in, out_specs=[] if direct else [spec],
+                           max_concurrent_steps=steps_in_flight, interpret=False)(*(refs[:-1] if direct else refs))
 
         flat_shape = jax.ShapeDtypeStruct((rows * width // _mgpu.LANES, _mgpu.LANES), x.dtype)
         return _mgpu.kernel_call(body, flat_shape, programs=programs, interpret=False, approx_math=True, name=name)
@@ -134,6 +140,7 @@ def main():
         cases.append(("bias_gelu", rows, d, 5 * rows * d * 2, args, {
             "auto": fwd_bwd(lambda *t: bias_gelu.bias_gelu(*t, seed=seed, rate=0.1), args),
             "structure": functools.partial(gelu_structure, rows=rows, width=d),
+            "structure, direct stores": functools.partial(gelu_structure, rows=rows, width=d, direct=True),
             "floor": functools.partial(gelu_floor, rate=0.1)}))
     for op, rows, d, nbytes, args, steps in cases:
         names = list(steps)
