@@ -68,6 +68,27 @@ def fwd_bwd(fn, args):
     return _grads_as_carry(fn, len(args))
 
 
+def gelu_inputs(key, rows, d):
+    """(x, bias) of a (rows, d) bias+GELU shard: bf16 x, float32 bias (session 24's `ab_gelu_z.py` inputs)."""
+    return jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,))
+
+
+def timed_rounds(steps: dict, args, calls: int, rounds: int):
+    """Per round r: (r, the order timed, {name: {kernel: us per call}} in `steps`' order). Each step is timed by
+    device time on rotated inputs (`cold_profile`), the names in an order rotated by one each round."""
+    names = list(steps)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        times = {name: {n: v / calls / 1e3 for n, v in cold_profile(steps[name], args, calls).items()}
+                 for name in order}
+        yield r, order, {name: times[name] for name in names}
+
+
+def kernels_cell(us: dict) -> str:
+    """The kernels of one timing, longest first, for a table cell."""
+    return ", ".join(f"{n[:40]} {v:.1f}" for n, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+
+
 def shapes(s):
     return [tuple(int(v) for v in label.split("x")) for label in s.split(",") if label]
 
@@ -93,27 +114,19 @@ def main():
             "auto": fwd_bwd(lambda *t, kw=kw: bdrln.bias_dropout_residual_layernorm(*t, **kw), args),
             "floor": functools.partial(bdrln_floor, rate=rate)}))
     for rate, (rows, d) in ((float(p), s) for p in a.rates.split(",") for s in shapes(a.gelu)):
-        args = (jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,)))
+        args = gelu_inputs(key, rows, d)
         cases.append(("bias_gelu", rate, rows, d, 5 * rows * d * 2, args, {
             "xla": fwd_bwd(lambda *t, rate=rate: bias_gelu.reference.bias_gelu(*t, seed=seed, rate=rate), args),
             "auto": fwd_bwd(lambda *t, rate=rate: bias_gelu.bias_gelu(*t, seed=seed, rate=rate), args),
             "floor": functools.partial(gelu_floor, rate=rate)}))
     for op, rate, rows, d, nbytes, args, steps in cases:
-        names = list(steps)
-        for r in range(a.rounds):
-            k = r % len(names)
-            rows_out = {}
-            for name in names[k:] + names[:k]:
-                times = cold_profile(steps[name], args, a.calls)
-                rows_out[name] = {n: v / a.calls / 1e3 for n, v in times.items()}
-            xla = total_of(rows_out["xla"])
-            for name in names:
-                us = rows_out[name]
+        for r, _, times in timed_rounds(steps, args, a.calls, a.rounds):
+            xla = total_of(times["xla"])
+            for name, us in times.items():
                 total = total_of(us)
-                kern = ", ".join(f"{n[:40]} {v:.1f}" for n, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.05)
                 print(f"| {op} | {rows}x{d} | {rate} | {name} | {r} | {total:.1f} | "
-                      f"{100 * nbytes / (total * 1e-6) / (gbs * 1e9):.1f}% | {xla / total:.2f}x | {kern} |", flush=True)
-
+                      f"{100 * nbytes / (total * 1e-6) / (gbs * 1e9):.1f}% | {xla / total:.2f}x | {kernels_cell(us)} |",
+                      flush=True)
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))  # floors.py
-from floors import bdrln_floor, fwd_bwd, gelu_floor, shapes, total_of  # noqa: E402
+from floors import (bdrln_floor, fwd_bwd, gelu_floor, gelu_inputs, kernels_cell, shapes, timed_rounds,  # noqa: E402
+                    total_of)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "session22"))  # its common.py
-from common import bdrln_inputs, cold_profile, copy_device_time, header, keys  # noqa: E402
+from common import bdrln_inputs, copy_device_time, header, keys  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -136,23 +137,18 @@ def main():
             "structure": functools.partial(bdrln_structure, rows=rows, width=d),
             "floor": functools.partial(bdrln_floor, rate=0.1)}))
     for rows, d in shapes(a.gelu):
-        args = (jax.random.normal(key[0], (rows, d), jnp.bfloat16), jax.random.normal(key[2], (d,)))
+        args = gelu_inputs(key, rows, d)
         cases.append(("bias_gelu", rows, d, 5 * rows * d * 2, args, {
             "auto": fwd_bwd(lambda *t: bias_gelu.bias_gelu(*t, seed=seed, rate=0.1), args),
             "structure": functools.partial(gelu_structure, rows=rows, width=d),
             "structure, direct stores": functools.partial(gelu_structure, rows=rows, width=d, direct=True),
             "floor": functools.partial(gelu_floor, rate=0.1)}))
     for op, rows, d, nbytes, args, steps in cases:
-        names = list(steps)
-        for r in range(a.rounds):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:
-                us = {n: v / a.calls / 1e3 for n, v in cold_profile(steps[name], args, a.calls).items()}
-                total = total_of(us)
-                kern = ", ".join(f"{n[:40]} {v:.1f}" for n, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+        for r, order, times in timed_rounds(steps, args, a.calls, a.rounds):
+            for name in order:  # as timed
+                total = total_of(times[name])
                 print(f"| {op} | {rows}x{d} | {name} | {r} | {total:.1f} | "
-                      f"{100 * nbytes / (total * 1e-6) / (gbs * 1e9):.1f}% | {kern} |", flush=True)
-
+                      f"{100 * nbytes / (total * 1e-6) / (gbs * 1e9):.1f}% | {kernels_cell(times[name])} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,21 @@ import sys
 from collections import defaultdict
 
 
+def mean(rs) -> float:
+    """The mean total of one case's rounds."""
+    return sum(t for t, _ in rs) / len(rs)
+
+
+def rng(rs) -> str:
+    """The rounds' totals as a range ("30.8" or "39.9-40.0")."""
+    return "-".join(sorted({f"{t:.1f}" for t, _ in rs}, key=float))
+
+
+def parts_mean(rs) -> dict:
+    """The rounds' mean forward / backward / other kernel time."""
+    return {k: sum(x[k] for _, x in rs) / len(rs) for k in ("fwd", "bwd", "other")}
+
+
 def main(path):
     lines = open(path).read().splitlines()
     gbs = float(re.search(r"copy probe (\d+) GB/s", lines[0]).group(1))
@@ -22,8 +37,9 @@ def main(path):
                  if "MemcpyD2D" not in name]
         if impl == "floor":  # XLA's names: its forward kernel moves fewer arrays, so it is the shorter one
             parts["fwd"], parts["bwd"] = sorted(us for _, us in found)
-        for name, us in found if impl != "floor" else ():
-            parts["fwd" if "_fwd" in name else "bwd" if "_bwd" in name else "other"] += us
+        else:
+            for name, us in found:
+                parts["fwd" if "_fwd" in name else "bwd" if "_bwd" in name else "other"] += us
         runs[(op, shape, p, impl)].append((float(total), parts))
     print(f"copy probe {gbs:.0f} GB/s")
     print("| op | shape | p | shipped (fwd / bwd / other) | floor (fwd / bwd) | XLA | % of copy BW: shipped / floor | "
@@ -38,10 +54,7 @@ def main(path):
         allow = nbytes / (0.85 * gbs * 1e3)
         fl = runs[(op, shape, p, "floor")]
         xla = runs[(op, shape, p, "xla")]
-        mean = lambda rs: sum(t for t, _ in rs) / len(rs)  # noqa: E731
-        rng = lambda rs: "-".join(sorted({f"{t:.1f}" for t, _ in rs}, key=float))  # noqa: E731
-        sp = {k: sum(x[k] for _, x in rs) / len(rs) for k in ("fwd", "bwd", "other")}
-        fp = {k: sum(x[k] for _, x in fl) / len(fl) for k in ("fwd", "bwd", "other")}
+        sp, fp = parts_mean(rs), parts_mean(fl)
         print(f"| {op} | {shape} | {p} | {rng(rs)} ({sp['fwd']:.1f} / {sp['bwd']:.1f} / {sp['other']:.1f}) | "
               f"{rng(fl)} ({fp['fwd']:.1f} / {fp['bwd']:.1f}) | {rng(xla)} | "
               f"{100 * nbytes / (mean(rs) * 1e-6) / (gbs * 1e9):.1f}% / "
