@@ -89,17 +89,23 @@ def kernels_cell(us: dict) -> str:
     return ", ".join(f"{n[:40]} {v:.1f}" for n, v in sorted(us.items(), key=lambda kv: -kv[1]) if v >= 0.05)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The options `floors.py` and `structure.py` share: calls per timing, rounds, and the shapes of each operator."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--bdrln", default="8192x768,8192x1024,16384x768,16384x1024,32768x1024")
+    ap.add_argument("--gelu", default="8192x3072,8192x4096,16384x4096,32768x4096")
+    return ap
+
+
 def shapes(s):
     return [tuple(int(v) for v in label.split("x")) for label in s.split(",") if label]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = parser()
     ap.add_argument("--rates", default="0.1")
-    ap.add_argument("--bdrln", default="8192x768,8192x1024,16384x768,16384x1024,32768x1024")
-    ap.add_argument("--gelu", default="8192x3072,8192x4096,16384x4096,32768x4096")
     a = ap.parse_args()
     _, gbs = copy_device_time()
     header("fwd+bwd at dropout rate p (the floor without dropout), each kernel's device time", a.calls,

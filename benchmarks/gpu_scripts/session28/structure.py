@@ -13,14 +13,13 @@ floor (XLA's plain kernels moving the same arrays):
     PYTHONPATH=. python benchmarks/gpu_scripts/session28/structure.py [--rounds 2] [--bdrln 8192x768,...]
         [--gelu 8192x3072,...]
 """
-import argparse
 import functools
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))  # floors.py
-from floors import (bdrln_floor, fwd_bwd, gelu_floor, gelu_inputs, kernels_cell, shapes, timed_rounds,  # noqa: E402
-                    total_of)
+from floors import (bdrln_floor, fwd_bwd, gelu_floor, gelu_inputs, kernels_cell, parser, shapes,  # noqa: E402
+                    timed_rounds, total_of)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "session22"))  # its common.py
 from common import bdrln_inputs, copy_device_time, header, keys  # noqa: E402
@@ -118,11 +117,7 @@ def gelu_structure(args, *, rows, width, direct=False):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--bdrln", default="8192x768,8192x1024,16384x768,16384x1024,32768x1024")
-    ap.add_argument("--gelu", default="8192x3072,8192x4096,16384x4096,32768x4096")
+    ap = parser()
     a = ap.parse_args()
     _, gbs = copy_device_time()
     header("fwd+bwd, the shipped operator with dropout 0.1, its structure as a copy, and the floor", a.calls,
