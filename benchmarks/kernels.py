@@ -5,7 +5,7 @@
                                                                  # softmax, attention: the backward forms too)
     PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls xla,pallas,mgpu  # Triton vs Mosaic GPU
     PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss     # MLM cross-entropy: logits vs vocabulary chunks
-    PYTHONPATH=. python benchmarks/kernels.py --ops embedding    # the embedding block under XLA (no kernel)
+    PYTHONPATH=. python benchmarks/kernels.py --ops embedding    # the embedding block: XLA vs its fused kernels
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln,bias_gelu --passes fwd+bwd --device-time 20  # device time
 
 Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
@@ -41,6 +41,7 @@ import pallas_kernels.softmax as softmax
 from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as bdrln_mgpu
 from pallas_kernels.attention import kernel as attention_kernel
 from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
+from pallas_kernels.embedding_layernorm import kernel as embedding_kernel
 from pallas_kernels import autotune
 from pallas_kernels._pallas import row_block_candidates
 from pallas_kernels.dropout import seed_from_key
@@ -225,28 +226,33 @@ def cases(ops, dtype, scale=1):
                 impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
             out.append(("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3, None, None, None))
     if "embedding" in ops:
-        # The embedding block (word/position/type gathers, sum, LN, dropout 0.1; once per step) under XLA, to see
-        # whether XLA leaves bytes on the table (issue 4, item 5). Chained through x: the previous output decides
-        # nothing (ids + (x[:, :, 0] > 1e4), never true for LN outputs) but XLA cannot know. Bytes it must move:
-        # fwd: the gathered fp32 word rows in, bf16 out; bwd: dy in, the word rows again, their fp32 gradient rows
-        # into the dense (V, D) table gradient, whose zero fill is V*D*4 (position/type rows are small).
-        from flax import nnx
-
-        from jaxformer import BertConfig
-        from jaxformer.model import Embeddings
-        cfg = BertConfig.preset("large", dtype=jnp.dtype(dtype).name, kernels="xla")
-        graphdef, state = nnx.split(Embeddings(cfg, rngs=nnx.Rngs(0)))
+        # The embedding block (word/position/type gathers, sum, LN, dropout 0.1; once per step) at BERT-large's
+        # tables: the reference (XLA's gathers and fusion) and the fused kernels (tables gathered inside them); the
+        # word table's gradient is XLA's scatter in both. Chained through x: the previous output decides nothing
+        # (ids + (x[:, :, 0] > 1e4), never true for LN outputs) but XLA cannot know. Bytes it must move: fwd: the
+        # gathered fp32 word rows in, bf16 out; bwd: dy in, the word rows again, their fp32 gradient rows into the
+        # dense (V, D) table gradient, whose zero fill is V*D*4 (position/type rows are small).
+        from pallas_kernels import embedding_layernorm as embedding
+        v, d = 30528, 1024  # BERT-large's padded vocabulary (config.padded_vocab_size)
+        word, pos, typ = (0.02 * jax.random.normal(key[i], (n, d)) for i, n in ((1, v), (2, 512), (3, 2)))
+        ln_scale, shift = 1 + 0.1 * jax.random.normal(key[4], (d,)), 0.1 * jax.random.normal(key[5], (d,))
         for b, s_ in [(64 // scale, 128), (16 // scale, 512)]:
-            ids = jax.random.randint(key[0], (b, s_), 0, cfg.vocab_size)
+            ids = jax.random.randint(key[0], (b, s_), 0, 30522)
             types = jnp.broadcast_to((jnp.arange(s_) >= s_ // 2).astype(jnp.int32), (b, s_))
-            x = jnp.zeros((b, s_, cfg.hidden_size), dtype)
+            x = jnp.zeros((b, s_, d), dtype)
 
-            def emb(x, state, graphdef=graphdef, ids=ids, types=types):
-                ids = ids + (x[:, :, 0] > 1e4).astype(ids.dtype)
-                return nnx.merge(graphdef, state)(ids, types, seed=seed, rate=0.1)
-            rows = b * s_ * cfg.hidden_size
-            out.append(("embedding", f"large B{b} S{s_} p=0.1", {"xla": emb}, (x, state), 2, rows * (4 + 2),
-                        rows * (4 + 2 + 2 + 4 + 4) + cfg.padded_vocab_size * cfg.hidden_size * 4, None))
+            def emb(fn, ids=ids, types=types):
+                def run(x, word, pos, typ, ln_scale, shift, **blocks):
+                    ids_ = ids + (x[:, :, 0] > 1e4).astype(ids.dtype)
+                    return fn(ids_, types, word, pos, typ, ln_scale, shift, seed=seed, rate=0.1, eps=1e-12,
+                              dtype=dtype, **blocks)
+                return run
+            rows = b * s_ * d
+            out.append(("embedding", f"large B{b} S{s_} p=0.1",
+                        {"xla": emb(embedding.reference.embedding_layernorm),
+                         "pallas": emb(embedding.embedding_layernorm)},
+                        (x, word, pos[:s_], typ, ln_scale, shift), 6, rows * (4 + 2),
+                        rows * (4 + 2 + 2 + 4 + 4) + v * d * 4, embedding.kernel.Blocks))
     if "layer" in ops:
         from flax import nnx
 
@@ -276,6 +282,9 @@ def tune_candidates(blocks_cls, pass_, args=()):
         d = attention_kernel.default_block_sizes(s, h, dtype=args[0].dtype)  # as flash_attention's own default
         return attention_kernel.candidate_block_sizes(d, s, h, stage="fwd" if pass_ == "fwd" else "bwd")
     stage = "fwd" if pass_ == "fwd" else "bwd"
+    if blocks_cls is embedding_kernel.Blocks:
+        return embedding_kernel.candidate_blocks(embedding_kernel.default_blocks(args[0].size // args[0].shape[-1],
+                                                                                 args[0].shape[-1]), stage=stage)
     for module in (bdrln.kernel, bias_gelu.kernel, bdrln_mgpu, bias_gelu_mgpu):  # the autotuner's lists
         if blocks_cls is module.Blocks:
             width = args[0].shape[-1]

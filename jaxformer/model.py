@@ -87,11 +87,10 @@ class Embeddings(nnx.Module):
     def __call__(self, input_ids, token_type_ids, *, seed, rate: float):
         cfg = self.config
         s = input_ids.shape[1]
-        word = jnp.take(self.word[...], input_ids, axis=0)  # BSD
-        token_type = jnp.take(self.token_type[...], token_type_ids, axis=0)  # BSD
-        position = self.position[:s][None]  # 1SD
+        # The word (VD) and token-type (_D) rows are gathered inside the operator (a fused kernel under pallas)
         return constrain(ops.select(cfg.kernels).embedding_layernorm(
-            word, position, token_type, self.layer_norm.scale[...], self.layer_norm.bias[...],
+            input_ids, token_type_ids, self.word[...], self.position[:s], self.token_type[...],
+            self.layer_norm.scale[...], self.layer_norm.bias[...],
             seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype), "BSD", between_blocks=True)
 
 

@@ -59,12 +59,12 @@ import pallas_kernels.attention as _attention_kernels
 
 from . import sharding
 from pallas_kernels.attention import reference as _attention
-from pallas_kernels.embedding_layernorm import reference as _embedding_layernorm
+import pallas_kernels.embedding_layernorm as _embedding_layernorm
 from pallas_kernels import mlm_loss as _mlm_loss
 
 
 TABLE = {
-    "embedding_layernorm": {"xla": _embedding_layernorm.embedding_layernorm,
+    "embedding_layernorm": {"xla": _embedding_layernorm.reference.embedding_layernorm,
                             "pallas": _embedding_layernorm.embedding_layernorm},
     "bias_dropout_residual_layernorm": {"xla": _bdrln.reference.bias_dropout_residual_layernorm,
                                         "pallas": _bdrln.bias_dropout_residual_layernorm},

@@ -12,6 +12,7 @@ from flax import nnx
 import pallas_kernels._pallas as pk
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
+import pallas_kernels.embedding_layernorm as embedding_ln
 import pallas_kernels.softmax as softmax
 from jaxformer import BertConfig, BertForPreTraining
 from pallas_kernels.dropout import seed_from_key
@@ -131,6 +132,101 @@ def _softmax_case(shape, dtype, rate, seed, interpret=None):
 ])
 def test_softmax_matches_reference(shape, dtype, rate):
     _softmax_case(shape, dtype, rate, seed=shape[-1])
+
+
+def _embedding_case(batch, seq, d, vocab, types, dtype, rate, seed, table_dtype=jnp.float32, interpret=None,
+                    blocks=None):
+    """The fused embedding block (tables gathered in the kernel) against the reference: forward and the gradients of
+    the three tables and the LN parameters, fresh random ids, tables and cotangent."""
+    k = jax.random.split(jax.random.key(seed), 9)
+    ids = jax.random.randint(k[0], (batch, seq), 0, vocab)
+    tt = jax.random.randint(k[1], (batch, seq), 0, types)
+    tables = tuple(jax.random.normal(k[i], (n, d), table_dtype) for i, n in ((2, vocab), (3, seq), (4, types)))
+    scale, shift = 1 + 0.2 * jax.random.normal(k[5], (d,)), jax.random.normal(k[6], (d,))
+    kw = dict(seed=seed_from_key(k[7]), rate=rate, eps=1e-12, dtype=dtype)
+    _check_vjp(lambda *a: embedding_ln.embedding_layernorm(ids, tt, *a, **kw, interpret=interpret, blocks=blocks),
+               lambda *a: embedding_ln.reference.embedding_layernorm(ids, tt, *a, **kw),
+               (*tables, scale, shift), dtype, k[8])
+
+
+@pytest.mark.parametrize("batch,seq,d,vocab,types,dtype,rate,blocks", [
+    (3, 8, 96, 50, 2, jnp.float32, 0.0, None),
+    (4, 16, 128, 37, 3, jnp.bfloat16, 0.1, None),
+    (5, 4, 1000, 40, 1, jnp.float32, 0.1, None),     # a padded width; 5 batch rows in programs of 2 (a ragged last)
+    (4, 8, 768, 64, 2, jnp.bfloat16, 0.1, embedding_ln.kernel.Blocks(block_rows=2, bwd_batch_per_program=2)),
+])
+def test_embedding_layernorm_matches_reference(batch, seq, d, vocab, types, dtype, rate, blocks):
+    if blocks is None and batch == 5:
+        blocks = embedding_ln.kernel.Blocks(bwd_batch_per_program=2, bwd_block_rows=2)
+    _embedding_case(batch, seq, d, vocab, types, dtype, rate, seed=d + batch, blocks=blocks)
+
+
+def test_embedding_layernorm_bf16_tables_and_repeated_ids():
+    """bf16 tables (parameter_dtype bfloat16) and ids that repeat within the batch (the word gradient adds them)."""
+    _embedding_case(2, 16, 64, 3, 2, jnp.bfloat16, 0.1, seed=5, table_dtype=jnp.bfloat16)
+
+
+def test_embedding_layernorm_ids_out_of_range_as_jnp_take():
+    """Negative ids count from the end and ids past the table give NaN rows, as the reference's jnp.take."""
+    ids = jnp.array([[0, -1, 5, 2], [7, 1, -9, 3]])
+    tt = jnp.array([[0, 1, 1, 0], [0, -1, 0, 2]])
+    k = jax.random.split(jax.random.key(3), 3)
+    word, pos, typ = (jax.random.normal(k[i], (n, 64)) for i, n in ((0, 6), (1, 4), (2, 2)))
+    kw = dict(seed=None, rate=0.0, eps=1e-12)
+    got = np.asarray(embedding_ln.embedding_layernorm(ids, tt, word, pos, typ, jnp.ones(64), jnp.zeros(64), **kw))
+    ref = np.asarray(embedding_ln.reference.embedding_layernorm(ids, tt, word, pos, typ, jnp.ones(64), jnp.zeros(64),
+                                                                **kw))
+    nan_rows = np.isnan(ref).all(-1)
+    assert nan_rows.tolist() == [[False] * 4, [True, False, True, True]]
+    np.testing.assert_array_equal(np.isnan(got).all(-1), nan_rows)
+    np.testing.assert_allclose(got[~nan_rows], ref[~nan_rows], rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_layernorm_bad_shapes_are_named():
+    ids = jnp.zeros((2, 4), jnp.int32)
+    word, pos, typ, ones = jnp.ones((10, 8)), jnp.ones((4, 8)), jnp.ones((2, 8)), jnp.ones(8)
+    kw = dict(seed=None, rate=0.0, eps=1e-12)
+    with pytest.raises(ValueError, match="position.shape"):
+        embedding_ln.embedding_layernorm(ids, ids, word, jnp.ones((5, 8)), typ, ones, ones, **kw)
+    with pytest.raises(ValueError, match="token_type_ids.shape"):
+        embedding_ln.embedding_layernorm(ids, ids[:1], word, pos, typ, ones, ones, **kw)
+    with pytest.raises(ValueError, match="token_type.shape"):
+        embedding_ln.embedding_layernorm(ids, ids, word, pos, jnp.ones((2, 9)), ones, ones, **kw)
+    with pytest.raises(ValueError, match="scale.shape"):
+        embedding_ln.embedding_layernorm(ids, ids, word, pos, typ, jnp.ones(9), ones, **kw)
+    with pytest.raises(ValueError, match="needs a seed"):
+        embedding_ln.embedding_layernorm(ids, ids, word, pos, typ, ones, ones, seed=None, rate=0.1, eps=1e-12)
+
+
+@pytest.mark.parametrize("axes", [("data",), ("data", "tensor")])
+def test_embedding_layernorm_per_batch_shard(axes):
+    """On a data mesh the kernels run per batch shard (shard_map) and draw the unsharded masks; where a mesh splits
+    the tables (tensor here) the operator is the reference. Values and every gradient as the reference's. The
+    trainer's mesh (auto axes): with explicit axes the reference's own gather of a replicated table at batch-sharded
+    ids asks for an out_sharding."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape((4,) if axes == ("data",) else (2, 2)), axes)
+    k = jax.random.split(jax.random.key(21), 8)
+    ids, tt = jax.random.randint(k[0], (8, 8), 0, 40), jax.random.randint(k[1], (8, 8), 0, 2)
+    word, pos, typ = (jax.random.normal(k[i], (n, 96)) for i, n in ((2, 40), (3, 8), (4, 2)))
+    scale, shift, seed = 1 + 0.1 * jax.random.normal(k[5], (96,)), jax.random.normal(k[6], (96,)), seed_from_key(k[7])
+
+    def loss(fn, *tables):
+        y = fn(ids_, tt_, *tables, seed=seed, rate=0.2, eps=1e-12)
+        return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape)))
+
+    args = (word, pos, typ, scale, shift)
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(1, 2, 3, 4, 5)), static_argnums=0)
+    ids_, tt_ = ids, tt
+    expected = grad(embedding_ln.reference.embedding_layernorm, *args)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    ids_, tt_ = jax.device_put(ids, sharding), jax.device_put(tt, sharding)
+    with jax.set_mesh(mesh):
+        got = grad(embedding_ln.embedding_layernorm, *args)
+        jaxpr = str(jax.make_jaxpr(lambda *a: loss(embedding_ln.embedding_layernorm, *a))(*args))
+    assert ("pallas_call" in jaxpr) == (axes == ("data",))
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    for a, b in zip(got[1], expected[1]):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
 def test_kernel_dropout_keeps_the_rate_and_differs_across_seeds():
@@ -334,6 +430,14 @@ def test_gpu_bdrln_triton_many_rows():
 def test_gpu_bias_gelu(rows, width, dtype):
     _bias_gelu_case((rows, width), dtype, 0.1, seed=rows + width, interpret=False)
     _bias_gelu_case((rows, width), dtype, 0.0, seed=rows + width + 1, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,seq,d", [(64, 128, 1024), (16, 512, 1024), (64, 128, 768), (6, 40, 1000)])
+def test_gpu_embedding_layernorm(batch, seq, d):
+    """The embedding block's kernels compiled: BERT-large/base shapes with its vocabulary, and a ragged one."""
+    _embedding_case(batch, seq, d, 30522, 2, jnp.bfloat16, 0.1, seed=seq + d, interpret=False)
+    _embedding_case(batch, seq, d, 30522, 2, jnp.float32, 0.0, seed=seq + d + 1, interpret=False)
 
 
 @pytest.mark.gpu

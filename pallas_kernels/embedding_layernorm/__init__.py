@@ -1,5 +1,102 @@
-"""Embedding sum + layernorm + dropout: `dropout(LN(word + position + token_type))`."""
+"""Embedding gathers + sum + layernorm + dropout: `dropout(LN(word[ids] + position + token_type[type_ids]))`.
 
-from .reference import embedding_layernorm
+`embedding_layernorm` here is the fused Pallas version (custom VJP; Triton kernels in `kernel.py`, which gather the
+table rows themselves); `reference.py` is the ground truth. The backward kernel writes the gathered rows' float32
+gradient, which XLA scatter-adds into the word table's gradient (as the reference's `jnp.take` transposes); the
+position and token-type gradients and the LN parameters' come from the kernel's per-program partial sums.
+"""
 
-__all__ = ["embedding_layernorm"]
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .. import _pallas as pk
+from . import kernel as _k
+from . import reference
+
+__all__ = ["embedding_layernorm", "reference", "tables_split"]
+
+
+def tables_split(mesh) -> bool:
+    """Whether `mesh` splits the embedding tables (the `tensor` axis splits V, `fsdp` splits D: jaxformer.sharding's
+    PARAM_RULES). The kernels gather rows of whole tables, so there the operator runs the reference (XLA gathers
+    from the split tables) instead of all-gathering a table per call."""
+    return mesh is not None and any(mesh.shape.get(a, 1) > 1 for a in ("tensor", "fsdp"))
+
+
+def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, *, seed, rate: float,
+                        eps: float, dtype=jnp.float32, interpret: bool | None = None, blocks: _k.Blocks | None = None):
+    """Fused `reference.embedding_layernorm` (same contract): ids (B, S) int, word (V, D), position (S, D),
+    token_type (T, D), scale and ln_bias (D,). Per batch shard on a data-parallel mesh; the reference where a mesh
+    splits the tables (`tables_split`)."""
+    if input_ids.shape != token_type_ids.shape or input_ids.ndim != 2:
+        raise ValueError(f"input_ids.shape={input_ids.shape} and token_type_ids.shape={token_type_ids.shape} must "
+                         "be the same (B, S)")
+    _k._check(input_ids, word, position, token_type)
+    d = word.shape[1]
+    for name, v in (("scale", scale), ("ln_bias", ln_bias)):
+        if v.shape != (d,):
+            raise ValueError(f"{name}.shape={v.shape} must be ({d},), the width of word.shape={word.shape}")
+    if rate and seed is None:
+        raise ValueError(f"rate={rate} needs a seed")
+    kw = dict(seed=seed, rate=rate, eps=eps, dtype=dtype)
+    if tables_split(pk.current_mesh()):
+        return reference.embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias,
+                                             **kw)
+    seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
+    ids, types = input_ids.astype(jnp.int32), token_type_ids.astype(jnp.int32)
+    return _op(ids, types, word, position, token_type, scale, ln_bias, seed, float(rate), float(eps),
+               jnp.dtype(dtype), pk.resolve_interpret(interpret), blocks)
+
+
+def _blocks(blocks, ids, word):
+    return blocks or _k.default_blocks(ids.size, word.shape[1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12))
+def _op(ids, types, word, position, token_type, scale, shift, seed, rate, eps, dtype, interpret, blocks):
+    return _fwd(ids, types, word, position, token_type, scale, shift, seed, rate, eps, dtype, interpret, blocks)[0]
+
+
+def _fwd(ids, types, word, position, token_type, scale, shift, seed, rate, eps, dtype, interpret, blocks):
+    def run(b_offset, ids, types, word, position, token_type, scale, shift, seed):
+        seq = ids.shape[1]
+        y, mean, rstd = _k.forward(ids, types, word, position, token_type, scale, shift,
+                                   pk.seed_words(seed, b_offset * jnp.uint32(seq)), rate=rate, eps=eps,
+                                   out_dtype=dtype, interpret=interpret, blocks=_blocks(blocks, ids, word))
+        return y.reshape(*ids.shape, -1), mean.reshape(ids.shape), rstd.reshape(ids.shape)
+
+    y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(ids, types, word, position, token_type, scale, shift, seed)
+    return y, (ids, types, word, position, token_type, scale, shift, seed, mean, rstd)
+
+
+def _bwd(rate, eps, dtype, interpret, blocks, res, dy):
+    ids, types, word, position, token_type, scale, shift, seed, mean, rstd = res
+
+    def run(b_offset, ids, types, mean, rstd, dy, word, position, token_type, scale, seed):
+        (batch, seq), d = ids.shape, word.shape[1]
+        blocks_ = _blocks(blocks, ids, word)
+        dh, dscale, dshift, dpos, dtype_ = _k.backward(
+            ids, types, word, position, token_type, scale, pk.seed_words(seed, b_offset * jnp.uint32(seq)),
+            mean.reshape(-1), rstd.reshape(-1), dy.reshape(-1, d), rate=rate, interpret=interpret, blocks=blocks_)
+        dscale, dshift, *dtypes = pk.column_sums(dscale, dshift, *dtype_, interpret=interpret)  # (1, D) each
+        per_pos = _k.programs_per_position(batch, blocks_)
+        dpos = dpos.reshape(seq, per_pos, d).sum(axis=1)
+        # per shard: every output split on its leading axis by batch_shard_map, summed over the shards below
+        return dh.reshape(batch, seq, d), dscale, dshift, dpos[None], jnp.concatenate(dtypes)[None]
+
+    dh, dscale, dshift, dpos, dtype_ = pk.batch_shard_map(run, n_batched=5)(
+        ids, types, mean, rstd, dy, word, position, token_type, scale, seed)
+    # The word table's gradient: jnp.take's transpose (a scatter-add of the rows' float32 gradients; XLA's), as the
+    # reference's, in whatever sharding the table and ids have (its forward gather is dead code)
+    _, take_vjp = jax.vjp(lambda w: jnp.take(w, ids, axis=0), word.astype(jnp.float32))
+    d_word = take_vjp(dh)[0].astype(word.dtype)
+    total = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
+    return (None, None, d_word, total(dpos, position), total(dtype_, token_type), total(dscale, scale),
+            total(dshift, shift), None)
+
+
+_op.defvjp(_fwd, _bwd)

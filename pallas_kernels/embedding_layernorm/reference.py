@@ -1,4 +1,4 @@
-"""Reference embedding sum + layernorm + dropout in jax.numpy."""
+"""Reference embedding gathers + sum + layernorm + dropout in jax.numpy."""
 
 import jax.numpy as jnp
 
@@ -6,9 +6,12 @@ from .._math import layer_norm
 from ..dropout import dropout
 
 
-def embedding_layernorm(word, position, token_type, scale, ln_bias, *, seed, rate: float, eps: float,
-                        dtype=jnp.float32):
-    """`dropout(LN(word + position + token_type))`; inputs broadcast to (B, S, D); math in float32, out `dtype`."""
-    h = word.astype(jnp.float32) + position.astype(jnp.float32) + token_type.astype(jnp.float32)
+def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, *, seed, rate: float,
+                        eps: float, dtype=jnp.float32):
+    """`dropout(LN(word[input_ids] + position[s] + token_type[token_type_ids]))` of (B, S) ids: word (V, D),
+    position (S, D) (the rows of positions 0..S-1), token_type (T, D); math in float32, output (B, S, D) in `dtype`.
+    The gathers are `jnp.take`'s (negative ids count from the end, ids out of range give NaN rows)."""
+    h = jnp.take(word, input_ids, axis=0).astype(jnp.float32) + position.astype(jnp.float32)[None]
+    h = h + jnp.take(token_type, token_type_ids, axis=0).astype(jnp.float32)
     h = layer_norm(h, scale, ln_bias, eps)
     return dropout(h, seed, rate).astype(dtype)

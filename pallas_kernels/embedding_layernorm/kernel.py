@@ -1,0 +1,217 @@
+"""Pallas (Triton) kernels of the embedding block: `y = dropout(LN(word[ids] + position[s] + token_type[tt]))` over rows
+of width D, and its backward; the table gathers happen inside the kernels (pointer loads at the ids' rows).
+
+Forward: each program takes `block_rows` consecutive rows (row r = b·S + s of the shard), loads their word, position
+(row s = r mod S) and token-type rows from the tables, sums them in float32, normalises, applies the dropout mask
+(`pallas_kernels.dropout`, drawn from the element index), and writes y and the float32 row statistics (mean, rstd).
+Backward: program (s, k) takes position s of the batch rows k·`bwd_batch_per_program`.. in chunks of `bwd_block_rows`
+(rows b·S + s), recomputes h from the tables and the stored statistics, regenerates the mask, and writes the float32
+gradient of h (the gathered rows' gradient, which the caller scatter-adds into the word table: XLA's scatter), with
+float32 partial sums per program of the LN scale/shift gradients, of the position row's gradient (all its rows are
+this program's) and of each token type's rows: partial row g = s·programs_per_position + k of each, summed by the
+caller.
+
+Bytes (R rows, D wide, float32 tables, 2-byte y): forward reads the gathered word rows (4RD) and writes y (2RD); the
+position and token-type rows are S·D and T·D, read from L2. Backward reads dy (2RD) and the word rows again (4RD) and
+writes dh (4RD). Ids outside [-V, V) (and type ids outside [-T, T)) give NaN rows, negative ones count from the end:
+`jnp.take`'s "fill" semantics, as the reference gathers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from .. import _pallas as pk
+from ..dropout import keep_scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Forward rows per program; backward batch rows per chunk and per program (one position per program)."""
+    block_rows: int = 4
+    num_warps: int = 8
+    bwd_block_rows: int = 2
+    bwd_batch_per_program: int = 16
+    bwd_num_warps: int = 4
+    num_stages: int = 1
+    bwd_num_stages: int = 1
+
+
+def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
+    """~4096-element forward tiles (BDRLN's Triton forward's); backward chunks of 2 rows of <= 1024, 1 wider, and 16
+    batch rows per program: B64 S128 and B16 S512 (8192 rows) both run 512 programs."""
+    del rows, rate
+    wp = pk.next_pow2(width)
+    return Blocks(block_rows=max(1, 4096 // wp), bwd_block_rows=2 if wp <= 1024 else 1)
+
+
+def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
+    """Block sizes `benchmarks/kernels.py --tune` tries around `around`: stage "fwd" the forward's rows per program
+    and warps, "bwd" the backward's rows per chunk, batch rows per program and warps."""
+    if stage == "fwd":
+        return [dataclasses.replace(around, block_rows=br, num_warps=w)
+                for br, w in ((1, 4), (2, 4), (2, 8), (4, 8), (8, 8))]
+    if stage == "bwd":
+        return [dataclasses.replace(around, bwd_block_rows=br, bwd_batch_per_program=bpp, bwd_num_warps=w)
+                for br, bpp, w in ((1, 8, 4), (1, 16, 4), (2, 8, 4), (2, 16, 8), (2, 32, 4), (4, 16, 8), (4, 64, 8))]
+    raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
+
+
+def _table_rows(ref, ids, n: int, c, m):
+    """float32 rows `ids` (an int vector) of an (n, D) table at columns c, masked by m; NaN rows where an id is out of
+    [-n, n) (negative ids count from the end), as `jnp.take(..., mode="fill")`."""
+    ids = jnp.where(ids < 0, ids + n, ids)
+    ok = (ids >= 0) & (ids < n)
+    rows = pltriton.load(ref.at[jnp.clip(ids, 0, n - 1)[:, None], c[None, :]], mask=m, other=0.0)
+    return jnp.where(ok[:, None], rows.astype(jnp.float32), jnp.nan)
+
+
+def _h(ids_ref, tt_ref, word_ref, pos_ref, type_ref, r, c, m, row_ok, *, seq):
+    """h = word[ids] + position[r mod S] + token_type[tt] (float32, that order, as the reference) of rows r."""
+    ids = pltriton.load(ids_ref.at[r], mask=row_ok, other=0)
+    tt = pltriton.load(tt_ref.at[r], mask=row_ok, other=0)
+    pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+    h = _table_rows(word_ref, ids, word_ref.shape[0], c, m) + pos
+    return h + _table_rows(type_ref, tt, type_ref.shape[0], c, m), tt
+
+
+def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_ref, seed_ref, y_ref, mean_ref,
+                rstd_ref, *, rows, width, seq, rate, eps, block_rows):
+    wp = y_ref.shape[-1]
+    r, c, m = pk.row_col_mask(pl.program_id(0) * block_rows, block_rows, rows, wp, width)
+    h, _ = _h(ids_ref, tt_ref, word_ref, pos_ref, type_ref, r, c, m, r < rows, seq=seq)
+    h = jnp.where(m, h, 0.0)
+    mean = jnp.sum(h, axis=1) / width
+    centered = jnp.where(m, h - mean[:, None], 0.0)
+    rstd = jax.lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
+    scale = pk.load(scale_ref, c < width, 0.0).astype(jnp.float32)
+    shift = pk.load(shift_ref, c < width, 0.0).astype(jnp.float32)
+    y = centered * rstd[:, None] * scale[None, :] + shift[None, :]
+    if rate:
+        y = jnp.where(pk.keep(seed_ref, r, 0, wp, width, rate), y * keep_scale(rate), 0.0)
+    pk.store(y_ref.at[r[:, None], c[None, :]], y, m)
+    pk.store(mean_ref.at[r], mean, r < rows)
+    pk.store(rstd_ref.at[r], rstd, r < rows)
+
+
+def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_ref, mean_ref, rstd_ref, dy_ref,
+                dh_ref, dscale_ref, dshift_ref, dpos_ref, dtype_ref, *, batch, width, seq, rate, block_rows,
+                batch_per_program):
+    wp = dh_ref.shape[-1]
+    s, k = pl.program_id(0), pl.program_id(1)
+    n_types = type_ref.shape[0]
+    c = jnp.arange(wp, dtype=jnp.int32)
+    col_ok = c < width
+    scale = pk.load(scale_ref, col_ok, 0.0).astype(jnp.float32)
+
+    def chunk(j, sums):
+        b = k * batch_per_program + j * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
+        row_ok = (b < batch) & (j * block_rows + jnp.arange(block_rows) < batch_per_program)
+        r = b * seq + s
+        m = row_ok[:, None] & col_ok[None, :]
+        h, tt = _h(ids_ref, tt_ref, word_ref, pos_ref, type_ref, r, c, m, row_ok, seq=seq)
+        mean = pltriton.load(mean_ref.at[r], mask=row_ok, other=0.0)
+        rstd = pltriton.load(rstd_ref.at[r], mask=row_ok, other=0.0)
+        xhat = jnp.where(m, (h - mean[:, None]) * rstd[:, None], 0.0)
+        dy = pltriton.load(dy_ref.at[r[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        if rate:
+            dy = jnp.where(pk.keep(seed_ref, r, 0, wp, width, rate), dy * keep_scale(rate), 0.0)
+        dyg = dy * scale[None, :]
+        # d/dh of LN: rstd * (dyg - mean(dyg) - xhat * mean(dyg * xhat))   (biased variance, as the reference)
+        c1 = jnp.sum(dyg, axis=1) / width
+        c2 = jnp.sum(dyg * xhat, axis=1) / width
+        dh = jnp.where(m, (dyg - c1[:, None] - xhat * c2[:, None]) * rstd[:, None], 0.0)
+        pk.store(dh_ref.at[r[:, None], c[None, :]], dh, m)
+        dscale, dshift, dpos, *dtypes = sums
+        dtypes = [acc + jnp.sum(jnp.where((tt == t)[:, None], dh, 0.0), axis=0) for t, acc in enumerate(dtypes)]
+        return (dscale + jnp.sum(dy * xhat, axis=0), dshift + jnp.sum(dy, axis=0), dpos + jnp.sum(dh, axis=0),
+                *dtypes)
+
+    zero = jnp.zeros((wp,), jnp.float32)
+    sums = jax.lax.fori_loop(0, pl.cdiv(batch_per_program, block_rows), chunk, (zero,) * (3 + n_types))
+    for ref, total in zip((dscale_ref, dshift_ref, dpos_ref), sums):
+        pk.store(ref, total[None, :], col_ok[None, :])
+    for t in range(n_types):
+        pk.store(dtype_ref.at[pl.ds(t, 1)], sums[3 + t][None, None, :], col_ok[None, None, :])
+
+
+def _whole(shape):
+    """A BlockSpec of a whole array (every program sees all of it: the tables, the ids, the statistics)."""
+    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+
+
+def _check(ids, word, position, token_type):
+    if ids.ndim != 2:
+        raise ValueError(f"input_ids.shape={ids.shape} must be (B, S)")
+    d = word.shape[-1]
+    for name, t in (("word", word), ("position", position), ("token_type", token_type)):
+        if t.ndim != 2 or t.shape[-1] != d:
+            raise ValueError(f"{name}.shape={t.shape} must be (n, {d}) like word.shape={word.shape}")
+    if position.shape[0] != ids.shape[1]:
+        raise ValueError(f"position.shape={position.shape} must have S = {ids.shape[1]} rows (input_ids.shape="
+                         f"{ids.shape}): the positions' rows of this sequence length")
+
+
+def forward(ids, types, word, position, token_type, scale, shift, seed_words, *, rate, eps, out_dtype, interpret,
+            blocks: Blocks):
+    """ids, types: (B, S) int32; word (V, D), position (S, D), token_type (T, D); scale, shift (D,); seed_words
+    uint32[4] (row offset in rows). Returns y (B·S, D) in out_dtype, mean (B·S,), rstd (B·S,)."""
+    _check(ids, word, position, token_type)
+    (batch, seq), width = ids.shape, word.shape[1]
+    rows, wp, br = batch * seq, pk.next_pow2(width), blocks.block_rows
+    ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, shift, seed_words)
+    specs = [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in (word, position, token_type)]
+    specs += [_whole((wp,))] * 2 + [_whole((4,))]
+    return pl.pallas_call(
+        functools.partial(_fwd_kernel, rows=rows, width=width, seq=seq, rate=rate, eps=eps, block_rows=br),
+        out_shape=(jax.ShapeDtypeStruct((rows, width), out_dtype),
+                   jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.float32)),
+        grid=(pl.cdiv(rows, br),),
+        in_specs=specs,
+        out_specs=[_whole((rows, wp)), _whole((rows,)), _whole((rows,))],
+        compiler_params=pk.compiler_params(blocks.num_warps, blocks.num_stages),
+        interpret=interpret,
+        name="embedding_ln_fwd",
+    )(*ins)
+
+
+def programs_per_position(batch: int, blocks: Blocks) -> int:
+    """The backward's programs per position (its grid is (S, this)), each `bwd_batch_per_program` batch rows."""
+    return pl.cdiv(batch, blocks.bwd_batch_per_program)
+
+
+def backward(ids, types, word, position, token_type, scale, seed_words, mean, rstd, dy, *, rate, interpret,
+             blocks: Blocks):
+    """dy (B·S, D). Returns dh (B·S, D) float32 (the gathered rows' gradient) and float32 partial sums, G = S x
+    `programs_per_position` rows each, row s·programs_per_position + k: d_scale (G, D), d_shift (G, D), d_position
+    (G, D) (row s's partials are position s's), d_token_type (T, G, D)."""
+    (batch, seq), width = ids.shape, word.shape[1]
+    rows, wp = batch * seq, pk.next_pow2(width)
+    n_types = token_type.shape[0]
+    bpp = max(1, min(blocks.bwd_batch_per_program, batch))
+    per_pos = pl.cdiv(batch, bpp)
+    groups = seq * per_pos
+    ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, seed_words, mean, rstd, dy)
+    specs = [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in (word, position, token_type)]
+    specs += [_whole((wp,)), _whole((4,)), _whole((rows,)), _whole((rows,)), _whole((rows, wp))]
+    part = jax.ShapeDtypeStruct((groups, width), jnp.float32)
+    part_spec = pl.BlockSpec((1, wp), lambda s, k: (s * per_pos + k, 0))
+    return pl.pallas_call(
+        functools.partial(_bwd_kernel, batch=batch, width=width, seq=seq, rate=rate,
+                          block_rows=min(blocks.bwd_block_rows, pk.next_pow2(bpp)), batch_per_program=bpp),
+        out_shape=(jax.ShapeDtypeStruct((rows, width), jnp.float32), part, part, part,
+                   jax.ShapeDtypeStruct((n_types, groups, width), jnp.float32)),
+        grid=(seq, per_pos),
+        in_specs=specs,
+        out_specs=[_whole((rows, wp)), part_spec, part_spec, part_spec,
+                   pl.BlockSpec((n_types, 1, wp), lambda s, k: (0, s * per_pos + k, 0))],
+        compiler_params=pk.compiler_params(blocks.bwd_num_warps, blocks.bwd_num_stages),
+        interpret=interpret,
+        name="embedding_ln_bwd",
+    )(*ins)
