@@ -154,6 +154,8 @@ def _embedding_case(batch, seq, d, vocab, types, dtype, rate, seed, table_dtype=
     (4, 16, 128, 37, 3, jnp.bfloat16, 0.1, None),
     (5, 4, 1000, 40, 1, jnp.float32, 0.1, None),     # a padded width; 5 batch rows in programs of 2 (a ragged last)
     (4, 8, 768, 64, 2, jnp.bfloat16, 0.1, embedding_ln.kernel.Blocks(block_rows=2, bwd_batch_per_program=2)),
+    (7, 8, 96, 30, 2, jnp.float32, 0.1,      # the backward's prefetched chunks, a ragged last one
+     embedding_ln.kernel.Blocks(bwd_batch_per_program=4, bwd_block_rows=2, bwd_prefetch=True)),
 ])
 def test_embedding_layernorm_matches_reference(batch, seq, d, vocab, types, dtype, rate, blocks):
     if blocks is None and batch == 5:
@@ -198,6 +200,7 @@ def test_embedding_layernorm_bad_shapes_are_named():
         embedding_ln.embedding_layernorm(ids, ids, word, pos, typ, ones, ones, seed=None, rate=0.1, eps=1e-12)
 
 
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (the CPU's 8 virtual ones)")
 @pytest.mark.parametrize("axes", [("data",), ("data", "tensor")])
 def test_embedding_layernorm_per_batch_shard(axes):
     """On a data mesh the kernels run per batch shard (shard_map) and draw the unsharded masks; where a mesh splits

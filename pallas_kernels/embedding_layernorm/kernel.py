@@ -41,6 +41,9 @@ class Blocks:
     bwd_num_warps: int = 4
     num_stages: int = 1
     bwd_num_stages: int = 1
+    # The backward fetches the next chunk's gathered word rows and dy at the start of each step (a loop carry), so
+    # their DRAM latency overlaps this chunk's arithmetic.
+    bwd_prefetch: bool = False
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
@@ -58,8 +61,11 @@ def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
         return [dataclasses.replace(around, block_rows=br, num_warps=w)
                 for br, w in ((1, 4), (2, 4), (2, 8), (4, 8), (8, 8))]
     if stage == "bwd":
-        return [dataclasses.replace(around, bwd_block_rows=br, bwd_batch_per_program=bpp, bwd_num_warps=w)
-                for br, bpp, w in ((1, 8, 4), (1, 16, 4), (2, 8, 4), (2, 16, 8), (2, 32, 4), (4, 16, 8), (4, 64, 8))]
+        return [dataclasses.replace(around, bwd_block_rows=br, bwd_batch_per_program=bpp, bwd_num_warps=w,
+                                    bwd_num_stages=st)
+                for br, bpp, w in ((1, 16, 4), (2, 16, 4), (2, 32, 4), (4, 16, 8)) for st in (1, 2, 3)] + [
+            dataclasses.replace(around, bwd_block_rows=br, bwd_batch_per_program=bpp, bwd_prefetch=True)
+            for br, bpp in ((1, 16), (2, 16), (2, 32), (4, 32))]
     raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
 
 
@@ -72,21 +78,26 @@ def _table_rows(ref, ids, n: int, c, m):
     return jnp.where(ok[:, None], rows.astype(jnp.float32), jnp.nan)
 
 
-def _h(ids_ref, tt_ref, word_ref, pos_ref, type_ref, r, c, m, row_ok, *, seq):
+def _h(ids, tt, word_ref, pos_ref, type_ref, r, c, m, *, seq):
     """h = word[ids] + position[r mod S] + token_type[tt] (float32, that order, as the reference) of rows r."""
-    ids = pltriton.load(ids_ref.at[r], mask=row_ok, other=0)
-    tt = pltriton.load(tt_ref.at[r], mask=row_ok, other=0)
     pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
     h = _table_rows(word_ref, ids, word_ref.shape[0], c, m) + pos
-    return h + _table_rows(type_ref, tt, type_ref.shape[0], c, m), tt
+    return h + _table_rows(type_ref, tt, type_ref.shape[0], c, m)
+
+
+def _pick(values, lanes, i):
+    """values[i] for a vector `i` of lanes (`lanes` = arange of values' length): a one-hot sum, since a register
+    tensor cannot be indexed dynamically inside a Triton kernel."""
+    return jnp.sum(jnp.where(lanes[None, :] == i[:, None], values[None, :], jnp.zeros_like(values)[None, :]), axis=1)
 
 
 def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_ref, seed_ref, y_ref, mean_ref,
                 rstd_ref, *, rows, width, seq, rate, eps, block_rows):
     wp = y_ref.shape[-1]
     r, c, m = pk.row_col_mask(pl.program_id(0) * block_rows, block_rows, rows, wp, width)
-    h, _ = _h(ids_ref, tt_ref, word_ref, pos_ref, type_ref, r, c, m, r < rows, seq=seq)
-    h = jnp.where(m, h, 0.0)
+    ids = pltriton.load(ids_ref.at[r], mask=r < rows, other=0)
+    tt = pltriton.load(tt_ref.at[r], mask=r < rows, other=0)
+    h = jnp.where(m, _h(ids, tt, word_ref, pos_ref, type_ref, r, c, m, seq=seq), 0.0)
     mean = jnp.sum(h, axis=1) / width
     centered = jnp.where(m, h - mean[:, None], 0.0)
     rstd = jax.lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
@@ -102,24 +113,46 @@ def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_r
 
 def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_ref, mean_ref, rstd_ref, dy_ref,
                 dh_ref, dscale_ref, dshift_ref, dpos_ref, dtype_ref, *, batch, width, seq, rate, block_rows,
-                batch_per_program):
+                batch_per_program, prefetch):
     wp = dh_ref.shape[-1]
     s, k = pl.program_id(0), pl.program_id(1)
     n_types = type_ref.shape[0]
     c = jnp.arange(wp, dtype=jnp.int32)
     col_ok = c < width
     scale = pk.load(scale_ref, col_ok, 0.0).astype(jnp.float32)
+    # The program's ids, type ids and statistics, loaded once before its loop: no load in the loop then depends on
+    # another load of the same step (the gathers' addresses are register math), so Triton's software pipeline
+    # (`bwd_num_stages` > 1) can issue a step's loads ahead of it.
+    lanes = jnp.arange(pk.next_pow2(batch_per_program), dtype=jnp.int32)
+    b_all = k * batch_per_program + lanes
+    ok_all = (b_all < batch) & (lanes < batch_per_program)
+    r_all = b_all * seq + s
+    ids_all, tt_all = (pltriton.load(ref.at[r_all], mask=ok_all, other=0) for ref in (ids_ref, tt_ref))
+    mean_all, rstd_all = (pltriton.load(ref.at[r_all], mask=ok_all, other=0.0) for ref in (mean_ref, rstd_ref))
 
-    def chunk(j, sums):
-        b = k * batch_per_program + j * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
-        row_ok = (b < batch) & (j * block_rows + jnp.arange(block_rows) < batch_per_program)
-        r = b * seq + s
-        m = row_ok[:, None] & col_ok[None, :]
-        h, tt = _h(ids_ref, tt_ref, word_ref, pos_ref, type_ref, r, c, m, row_ok, seq=seq)
-        mean = pltriton.load(mean_ref.at[r], mask=row_ok, other=0.0)
-        rstd = pltriton.load(rstd_ref.at[r], mask=row_ok, other=0.0)
+    def rows_of(j):  # the chunk's lanes of the program's rows, their rows r, and masks
+        i = j * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
+        b = k * batch_per_program + i
+        row_ok = (b < batch) & (i < batch_per_program)
+        return i, b * seq + s, row_ok[:, None] & col_ok[None, :]
+
+    def fetch(j):  # the chunk's rows from DRAM: the gathered word rows and dy (the rest is L2's or registers')
+        i, r, m = rows_of(j)
+        word = _table_rows(word_ref, _pick(ids_all, lanes, i), word_ref.shape[0], c, m)
+        return word, pltriton.load(dy_ref.at[r[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+
+    def chunk(j, carry):
+        sums, fetched = carry
+        if prefetch:  # this chunk's rows were fetched in the step before; fetch the next one's now
+            (word, dy), fetched = fetched, fetch(jnp.minimum(j + 1, steps - 1))
+        else:
+            word, dy = fetch(j)
+        i, r, m = rows_of(j)
+        tt = _pick(tt_all, lanes, i)
+        pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        h = word + pos + _table_rows(type_ref, tt, n_types, c, m)  # the reference's order (`_h`)
+        mean, rstd = _pick(mean_all, lanes, i), _pick(rstd_all, lanes, i)
         xhat = jnp.where(m, (h - mean[:, None]) * rstd[:, None], 0.0)
-        dy = pltriton.load(dy_ref.at[r[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
         if rate:
             dy = jnp.where(pk.keep(seed_ref, r, 0, wp, width, rate), dy * keep_scale(rate), 0.0)
         dyg = dy * scale[None, :]
@@ -131,10 +164,11 @@ def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_re
         dscale, dshift, dpos, *dtypes = sums
         dtypes = [acc + jnp.sum(jnp.where((tt == t)[:, None], dh, 0.0), axis=0) for t, acc in enumerate(dtypes)]
         return (dscale + jnp.sum(dy * xhat, axis=0), dshift + jnp.sum(dy, axis=0), dpos + jnp.sum(dh, axis=0),
-                *dtypes)
+                *dtypes), fetched
 
+    steps = pl.cdiv(batch_per_program, block_rows)
     zero = jnp.zeros((wp,), jnp.float32)
-    sums = jax.lax.fori_loop(0, pl.cdiv(batch_per_program, block_rows), chunk, (zero,) * (3 + n_types))
+    sums, _ = jax.lax.fori_loop(0, steps, chunk, ((zero,) * (3 + n_types), fetch(0) if prefetch else ()))
     for ref, total in zip((dscale_ref, dshift_ref, dpos_ref), sums):
         pk.store(ref, total[None, :], col_ok[None, :])
     for t in range(n_types):
@@ -204,7 +238,8 @@ def backward(ids, types, word, position, token_type, scale, seed_words, mean, rs
     part_spec = pl.BlockSpec((1, wp), lambda s, k: (s * per_pos + k, 0))
     return pl.pallas_call(
         functools.partial(_bwd_kernel, batch=batch, width=width, seq=seq, rate=rate,
-                          block_rows=min(blocks.bwd_block_rows, pk.next_pow2(bpp)), batch_per_program=bpp),
+                          block_rows=min(blocks.bwd_block_rows, pk.next_pow2(bpp)), batch_per_program=bpp,
+                          prefetch=blocks.bwd_prefetch),
         out_shape=(jax.ShapeDtypeStruct((rows, width), jnp.float32), part, part, part,
                    jax.ShapeDtypeStruct((n_types, groups, width), jnp.float32)),
         grid=(seq, per_pos),

@@ -1,9 +1,7 @@
-# Session 29, run 2: BERT-large's train step (B64 S128, --kernels pallas) with the embedding block on XLA's fusion and
-# on its fused kernels, alternating (xla, pallas, xla, pallas), each 10 steps x 3 repeats after 2 warm-up steps.
+# Session 29, run 2: the embedding kernels with the backward's ids and statistics loaded before its loop (and the
+# prefetch option): the embedding tests compiled again, then the block candidates by device time (both passes), and
+# the defaults by device time.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=.
-for round in 1 2; do
-  for emb in xla pallas; do
-    python benchmarks/gpu_scripts/session29/step_ab.py --embedding $emb --config large --kernels pallas --seq-len 128 \
-      --batch-size 64 --steps 10 --repeats 3 --warmup 2 2>&1 | grep -v Warning | tee -a $OUT/step.txt
-  done
-done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k "embedding or model_pallas" 2>&1 | tail -4 | tee $OUT/tests.txt
+python benchmarks/kernels.py --ops embedding --device-time 20 --tune 2>&1 | grep -v Warning | tee $OUT/tune.txt
