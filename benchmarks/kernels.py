@@ -400,6 +400,8 @@ def main():
                     except Exception as e:  # a candidate that does not compile is reported and skipped
                         print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
                         continue
+                    if a.tune and tunable:  # every candidate's time, under the row that reports the best
+                        print(f"  candidate {impl} {name} {blk or 'default'}: {t * 1e6:.1f} us", flush=True)
                     if best is None or t < best[0]:
                         best = (t, blk)
                 if best is None:
