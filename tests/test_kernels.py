@@ -196,6 +196,8 @@ def test_embedding_layernorm_bad_shapes_are_named():
         embedding_ln.embedding_layernorm(ids, ids, word, pos, jnp.ones((2, 9)), ones, ones, **kw)
     with pytest.raises(ValueError, match="scale.shape"):
         embedding_ln.embedding_layernorm(ids, ids, word, pos, typ, jnp.ones(9), ones, **kw)
+    with pytest.raises(ValueError, match="input_ids.dtype"):
+        embedding_ln.embedding_layernorm(ids.astype(jnp.float32), ids, word, pos, typ, ones, ones, **kw)
     with pytest.raises(ValueError, match="needs a seed"):
         embedding_ln.embedding_layernorm(ids, ids, word, pos, typ, ones, ones, seed=None, rate=0.1, eps=1e-12)
 

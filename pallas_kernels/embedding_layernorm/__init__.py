@@ -35,7 +35,9 @@ def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, s
     if input_ids.shape != token_type_ids.shape or input_ids.ndim != 2:
         raise ValueError(f"input_ids.shape={input_ids.shape} and token_type_ids.shape={token_type_ids.shape} must "
                          "be the same (B, S)")
-    _k._check(input_ids, word, position, token_type)
+    if not jnp.issubdtype(token_type_ids.dtype, jnp.integer):
+        raise ValueError(f"token_type_ids.dtype={token_type_ids.dtype} must be an integer type")
+    _k.check_shapes(input_ids, word, position, token_type)
     d = word.shape[1]
     for name, v in (("scale", scale), ("ln_bias", ln_bias)):
         if v.shape != (d,):
@@ -79,23 +81,23 @@ def _bwd(rate, eps, dtype, interpret, blocks, res, dy):
     def run(b_offset, ids, types, mean, rstd, dy, word, position, token_type, scale, seed):
         (batch, seq), d = ids.shape, word.shape[1]
         blocks_ = _blocks(blocks, ids, word)
-        dh, dscale, dshift, dpos, dtype_ = _k.backward(
+        dh, dscale, dshift, dpos, dtypes_part = _k.backward(
             ids, types, word, position, token_type, scale, pk.seed_words(seed, b_offset * jnp.uint32(seq)),
             mean.reshape(-1), rstd.reshape(-1), dy.reshape(-1, d), rate=rate, interpret=interpret, blocks=blocks_)
-        dscale, dshift, *dtypes = pk.column_sums(dscale, dshift, *dtype_, interpret=interpret)  # (1, D) each
+        dscale, dshift, *dtypes = pk.column_sums(dscale, dshift, *dtypes_part, interpret=interpret)  # (1, D) each
         per_pos = _k.programs_per_position(batch, blocks_)
         dpos = dpos.reshape(seq, per_pos, d).sum(axis=1)
         # per shard: every output split on its leading axis by batch_shard_map, summed over the shards below
         return dh.reshape(batch, seq, d), dscale, dshift, dpos[None], jnp.concatenate(dtypes)[None]
 
-    dh, dscale, dshift, dpos, dtype_ = pk.batch_shard_map(run, n_batched=5)(
+    dh, dscale, dshift, dpos, dtypes = pk.batch_shard_map(run, n_batched=5)(
         ids, types, mean, rstd, dy, word, position, token_type, scale, seed)
     # The word table's gradient: jnp.take's transpose (a scatter-add of the rows' float32 gradients; XLA's), as the
     # reference's, in whatever sharding the table and ids have (its forward gather is dead code)
     _, take_vjp = jax.vjp(lambda w: jnp.take(w, ids, axis=0), word.astype(jnp.float32))
     d_word = take_vjp(dh)[0].astype(word.dtype)
     total = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
-    return (None, None, d_word, total(dpos, position), total(dtype_, token_type), total(dscale, scale),
+    return (None, None, d_word, total(dpos, position), total(dtypes, token_type), total(dscale, scale),
             total(dshift, shift), None)
 
 

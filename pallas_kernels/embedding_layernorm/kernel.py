@@ -184,9 +184,12 @@ def _whole(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-def _check(ids, word, position, token_type):
+def check_shapes(ids, word, position, token_type):
+    """ValueError (before any compile) naming the operand whose shape or dtype the kernels do not take."""
     if ids.ndim != 2:
         raise ValueError(f"input_ids.shape={ids.shape} must be (B, S)")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids.dtype={ids.dtype} must be an integer type")
     d = word.shape[-1]
     for name, t in (("word", word), ("position", position), ("token_type", token_type)):
         if t.ndim != 2 or t.shape[-1] != d:
@@ -200,7 +203,7 @@ def forward(ids, types, word, position, token_type, scale, shift, seed_words, *,
             blocks: Blocks):
     """ids, types: (B, S) int32; word (V, D), position (S, D), token_type (T, D); scale, shift (D,); seed_words
     uint32[4] (row offset in rows). Returns y (B·S, D) in out_dtype, mean (B·S,), rstd (B·S,)."""
-    _check(ids, word, position, token_type)
+    check_shapes(ids, word, position, token_type)
     (batch, seq), width = ids.shape, word.shape[1]
     rows, wp, br = batch * seq, pk.next_pow2(width), blocks.block_rows
     ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, shift, seed_words)
@@ -221,7 +224,7 @@ def forward(ids, types, word, position, token_type, scale, shift, seed_words, *,
 
 def programs_per_position(batch: int, blocks: Blocks) -> int:
     """The backward's programs per position (its grid is (S, this)), each `bwd_batch_per_program` batch rows."""
-    return pl.cdiv(batch, blocks.bwd_batch_per_program)
+    return pl.cdiv(batch, max(1, min(blocks.bwd_batch_per_program, batch)))
 
 
 def backward(ids, types, word, position, token_type, scale, seed_words, mean, rstd, dy, *, rate, interpret,
@@ -233,7 +236,7 @@ def backward(ids, types, word, position, token_type, scale, seed_words, mean, rs
     rows, wp = batch * seq, pk.next_pow2(width)
     n_types = token_type.shape[0]
     bpp = max(1, min(blocks.bwd_batch_per_program, batch))
-    per_pos = pl.cdiv(batch, bpp)
+    per_pos = programs_per_position(batch, blocks)
     groups = seq * per_pos
     ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, seed_words, mean, rstd, dy)
     specs = [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in (word, position, token_type)]
