@@ -329,7 +329,7 @@ def profile_kernels(step, args, calls, top, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,layer")
+    ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,embedding,layer")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--only", default="", help="run only the shapes whose label contains this text")
     ap.add_argument("--passes", default="fwd,fwd+bwd", help="which passes to time")
