@@ -83,9 +83,6 @@ class Blocks:
     fwd_interleave: bool = True
     bwd_interleave: bool = True
     approx_math: bool = False
-    # The backward draws its dropout mask twice, for h and again for dx (the second behind an optimisation barrier,
-    # so that the compiler cannot reuse the first), instead of keeping it live in registers across the LN reductions.
-    bwd_redraw_mask: bool = False
 
     def __post_init__(self):
         # Session 21's form (and autotune caches written then): True / False for all / none of the sums.
@@ -182,7 +179,7 @@ class _Tile:
         """A (block_rows,) row value broadcast along D."""
         return self._cast(lax.broadcast_in_dim(s, self.shape, (0,)), self.layout)
 
-    def keep(self, seeds, first, width: int, rate: float, fresh: bool = False):
+    def keep(self, seeds, first, width: int, rate: float):
         """The dropout keep mask of the tile (`first` = its first logical row, uint32): `keep_mask` of the element
         indices (first + row) * D + col, in the pair form (`keep_mask_lanes`: a row's first index is even, D being
         a multiple of the lanes, and each thread holds `vec` consecutive columns, so the compiler can draw one hash
@@ -193,8 +190,6 @@ class _Tile:
         else:
             r = plgpu.broadcasted_iota(jnp.uint32, self.shape, 0, layout=self.layout)
             c = plgpu.broadcasted_iota(jnp.uint32, self.shape, 1, layout=self.layout)
-        if fresh:  # a draw the compiler cannot merge with an earlier one of the same tile
-            r = lax.optimization_barrier(r)
         return keep_mask_lanes(seeds, (r + first) * jnp.uint32(width), c, rate)
 
     def zeros(self):
@@ -224,10 +219,10 @@ def check_shape(rows: int, width: int, x_dtype, out_dtype, blocks: Blocks) -> No
     _check(rows, width, (x_dtype, out_dtype), blocks.bwd_block_rows, "bwd_block_rows", _vec(x_dtype, out_dtype))
 
 
-def _keep(t: _Tile, seeds, first_row, *, width, rate, fresh: bool = False):
-    """The dropout keep mask of the tile whose first row is `first_row` (`fresh`: `_Tile.keep`'s)."""
+def _keep(t: _Tile, seeds, first_row, *, width, rate):
+    """The dropout keep mask of the tile whose first row is `first_row`."""
     s0, s1, offset = seeds
-    return t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate, fresh=fresh)
+    return t.keep((s0, s1), offset + first_row.astype(jnp.uint32), width, rate)
 
 
 def _h(t: _Tile, x_smem, bias, res_smem, seeds, first_row, *, width, rate, keep=None):
@@ -412,8 +407,6 @@ def _backward(x, bias, residual, scale, seed_words, mean, rstd, dy, *, rate, int
             c1 = jnp.sum(dg, axis=1) / width
             c2 = jnp.sum(dg * xhat, axis=1) / width
             dh = (dg - t.rows(c1) - xhat * t.rows(c2)) * r
-            if keep is not None and blocks.bwd_redraw_mask:
-                keep = _keep(t, seeds, first_row, width=width, rate=rate, fresh=True)
             dx = dh if keep is None else jnp.where(keep, dh * keep_scale(rate), 0.0)
             # Outputs go straight from registers to GMEM (each warp stores 512 contiguous bytes): no SMEM staging,
             # which leaves room in SMEM for two programs per SM next to the accumulators.
