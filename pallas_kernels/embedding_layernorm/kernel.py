@@ -36,6 +36,8 @@ class Blocks:
     """Forward rows per program; backward batch rows per chunk and per program (one position per program)."""
     block_rows: int = 4
     num_warps: int = 8
+    # Tiles of `block_rows` per forward program: > 1 loops over them with the next tile's rows fetched ahead.
+    tiles_per_program: int = 1
     bwd_block_rows: int = 2
     bwd_batch_per_program: int = 32
     bwd_num_warps: int = 4
@@ -62,8 +64,9 @@ def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
     """Block sizes `benchmarks/kernels.py --tune` tries around `around`: stage "fwd" the forward's rows per program
     and warps, "bwd" the backward's rows per chunk, batch rows per program and warps."""
     if stage == "fwd":
-        return [dataclasses.replace(around, block_rows=br, num_warps=w)
-                for br, w in ((1, 4), (2, 4), (2, 8), (4, 8), (8, 8))]
+        return [dataclasses.replace(around, block_rows=br, num_warps=w, tiles_per_program=t)
+                for br, w, t in ((1, 4, 1), (2, 4, 1), (4, 8, 1), (8, 8, 1), (1, 4, 8), (2, 4, 4), (2, 4, 8),
+                                 (4, 4, 4), (4, 8, 2), (4, 8, 4))]
     if stage == "bwd":
         return [dataclasses.replace(around, bwd_block_rows=br, bwd_batch_per_program=bpp, bwd_num_warps=w,
                                     bwd_num_stages=st)
@@ -82,13 +85,6 @@ def _table_rows(ref, ids, n: int, c, m):
     return jnp.where(ok[:, None], rows.astype(jnp.float32), jnp.nan)
 
 
-def _h(ids, tt, word_ref, pos_ref, type_ref, r, c, m, *, seq):
-    """h = word[ids] + position[r mod S] + token_type[tt] (float32, that order, as the reference) of rows r."""
-    pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
-    h = _table_rows(word_ref, ids, word_ref.shape[0], c, m) + pos
-    return h + _table_rows(type_ref, tt, type_ref.shape[0], c, m)
-
-
 def _pick(values, lanes, i):
     """values[i] for a vector `i` of lanes (`lanes` = arange of values' length): a one-hot sum, since a register
     tensor cannot be indexed dynamically inside a Triton kernel."""
@@ -96,23 +92,55 @@ def _pick(values, lanes, i):
 
 
 def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_ref, seed_ref, y_ref, mean_ref,
-                rstd_ref, *, rows, width, seq, rate, eps, block_rows):
+                rstd_ref, *, rows, width, seq, rate, eps, block_rows, tiles):
+    """Program i normalises `tiles` consecutive tiles of `block_rows` rows. With more than one, the program's ids are
+    loaded once before its loop and the next tile's word rows are fetched while this tile computes (a loop carry), so
+    their DRAM latency overlaps the arithmetic; with one, a plain tile."""
     wp = y_ref.shape[-1]
-    r, c, m = pk.row_col_mask(pl.program_id(0) * block_rows, block_rows, rows, wp, width)
-    ids = pltriton.load(ids_ref.at[r], mask=r < rows, other=0)
-    tt = pltriton.load(tt_ref.at[r], mask=r < rows, other=0)
-    h = jnp.where(m, _h(ids, tt, word_ref, pos_ref, type_ref, r, c, m, seq=seq), 0.0)
-    mean = jnp.sum(h, axis=1) / width
-    centered = jnp.where(m, h - mean[:, None], 0.0)
-    rstd = jax.lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
+    c = jnp.arange(wp, dtype=jnp.int32)
     scale = pk.load(scale_ref, c < width, 0.0).astype(jnp.float32)
     shift = pk.load(shift_ref, c < width, 0.0).astype(jnp.float32)
-    y = centered * rstd[:, None] * scale[None, :] + shift[None, :]
-    if rate:
-        y = jnp.where(pk.keep(seed_ref, r, 0, wp, width, rate), y * keep_scale(rate), 0.0)
-    pk.store(y_ref.at[r[:, None], c[None, :]], y, m)
-    pk.store(mean_ref.at[r], mean, r < rows)
-    pk.store(rstd_ref.at[r], rstd, r < rows)
+    first = pl.program_id(0) * (tiles * block_rows)
+    lanes = jnp.arange(pk.next_pow2(tiles * block_rows), dtype=jnp.int32)
+    r_all = first + lanes
+    ok_all = (r_all < rows) & (lanes < tiles * block_rows)
+    ids_all, tt_all = (pltriton.load(ref.at[r_all], mask=ok_all, other=0) for ref in (ids_ref, tt_ref))
+
+    def rows_of(j):  # the tile's lanes of the program's rows, its rows, which of them exist, and the tile's mask
+        i = j * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
+        r = first + i
+        row_ok = (r < rows) & (i < tiles * block_rows)
+        return i, r, row_ok, row_ok[:, None] & (c < width)[None, :]
+
+    def fetch(j):  # the tile's gathered word rows
+        i, _, _, m = rows_of(j)
+        return _table_rows(word_ref, _pick(ids_all, lanes, i), word_ref.shape[0], c, m)
+
+    def tile(j, word):
+        if tiles > 1:
+            word, nxt = word, fetch(jnp.minimum(j + 1, tiles - 1))
+        else:
+            word, nxt = fetch(j), ()
+        i, r, row_ok, m = rows_of(j)
+        pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        tt = _pick(tt_all, lanes, i)
+        h = word + pos + _table_rows(type_ref, tt, type_ref.shape[0], c, m)  # the reference's order
+        h = jnp.where(m, h, 0.0)
+        mean = jnp.sum(h, axis=1) / width
+        centered = jnp.where(m, h - mean[:, None], 0.0)
+        rstd = jax.lax.rsqrt(jnp.sum(centered * centered, axis=1) / width + eps)
+        y = centered * rstd[:, None] * scale[None, :] + shift[None, :]
+        if rate:
+            y = jnp.where(pk.keep(seed_ref, r, 0, wp, width, rate), y * keep_scale(rate), 0.0)
+        pk.store(y_ref.at[r[:, None], c[None, :]], y, m)
+        pk.store(mean_ref.at[r], mean, row_ok)
+        pk.store(rstd_ref.at[r], rstd, row_ok)
+        return nxt
+
+    if tiles == 1:
+        tile(0, ())
+    else:
+        jax.lax.fori_loop(0, tiles, tile, fetch(0))
 
 
 def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_ref, mean_ref, rstd_ref, dy_ref,
@@ -154,7 +182,7 @@ def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_re
         i, r, m = rows_of(j)
         tt = _pick(tt_all, lanes, i)
         pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
-        h = word + pos + _table_rows(type_ref, tt, n_types, c, m)  # the reference's order (`_h`)
+        h = word + pos + _table_rows(type_ref, tt, n_types, c, m)  # the reference's order
         mean, rstd = _pick(mean_all, lanes, i), _pick(rstd_all, lanes, i)
         xhat = jnp.where(m, (h - mean[:, None]) * rstd[:, None], 0.0)
         if rate:
@@ -206,14 +234,16 @@ def forward(ids, types, word, position, token_type, scale, shift, seed_words, *,
     check_shapes(ids, word, position, token_type)
     (batch, seq), width = ids.shape, word.shape[1]
     rows, wp, br = batch * seq, pk.next_pow2(width), blocks.block_rows
+    tiles = max(1, min(blocks.tiles_per_program, pl.cdiv(rows, br)))
     ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, shift, seed_words)
     specs = [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in (word, position, token_type)]
     specs += [_whole((wp,))] * 2 + [_whole((4,))]
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, rows=rows, width=width, seq=seq, rate=rate, eps=eps, block_rows=br),
+        functools.partial(_fwd_kernel, rows=rows, width=width, seq=seq, rate=rate, eps=eps, block_rows=br,
+                          tiles=tiles),
         out_shape=(jax.ShapeDtypeStruct((rows, width), out_dtype),
                    jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.float32)),
-        grid=(pl.cdiv(rows, br),),
+        grid=(pl.cdiv(rows, br * tiles),),
         in_specs=specs,
         out_specs=[_whole((rows, wp)), _whole((rows,)), _whole((rows,))],
         compiler_params=pk.compiler_params(blocks.num_warps, blocks.num_stages),
