@@ -1,7 +1,8 @@
 """Pallas (Triton) kernels of the embedding block: `y = dropout(LN(word[ids] + position[s] + token_type[tt]))` over rows
 of width D, and its backward; the table gathers happen inside the kernels (pointer loads at the ids' rows).
 
-Forward: each program takes `block_rows` consecutive rows (row r = b·S + s of the shard), loads their word, position
+Forward: each program takes `tiles_per_program` tiles of `block_rows` consecutive rows (row r = b·S + s of the shard,
+the next tile's word rows fetched while this one computes), loads their word, position
 (row s = r mod S) and token-type rows from the tables, sums them in float32, normalises, applies the dropout mask
 (`pallas_kernels.dropout`, drawn from the element index), and writes y and the float32 row statistics (mean, rstd).
 Backward: program (s, k) takes position s of the batch rows k·`bwd_batch_per_program`.. in chunks of `bwd_block_rows`
@@ -33,11 +34,12 @@ from ..dropout import keep_scale
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
-    """Forward rows per program; backward batch rows per chunk and per program (one position per program)."""
-    block_rows: int = 4
-    num_warps: int = 8
+    """Forward rows per tile and tiles per program; backward batch rows per chunk and per program (one position per
+    program)."""
+    block_rows: int = 1
+    num_warps: int = 4
     # Tiles of `block_rows` per forward program: > 1 loops over them with the next tile's rows fetched ahead.
-    tiles_per_program: int = 1
+    tiles_per_program: int = 8
     bwd_block_rows: int = 2
     bwd_batch_per_program: int = 32
     bwd_num_warps: int = 4
@@ -49,15 +51,18 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
-    """~4096-element forward tiles; backward chunks of 2 rows (1 wider than 1024), 32 batch rows per program, the
-    next chunk prefetched. Measured on an H200 at BERT-large's B64 S128 and B16 S512 with dropout (device time of
-    the operator's fwd+bwd; benchmarks/results/kernels-h200.md, "Session 29"): the forward's 4 rows x 8 warps the
-    fastest of 6 (25.6-26.0 us against 28.0-29.5), the backward's blocks the fastest or within 0.7 us of it among 16
-    (149.4 / 151.6 us against 154.7 / 152.6 with 16 rows per program and no prefetch; Triton's own pipeline stages
-    2-3 changed nothing)."""
+    """Measured on an H200 at BERT-large's B64 S128 and B16 S512 with dropout (device time;
+    benchmarks/results/kernels-h200.md, "Session 29").
+
+    Forward: 8 tiles of one row per program, 4 warps, the next tile's word rows fetched ahead. It took 23.2 / 23.4 us,
+    the fastest of 11 candidates (run 8). The one-tile programs took 28.2-30.8 us there, and 25.6 / 26.0 us in run 2's
+    form before the loop.
+
+    Backward: chunks of 2 rows (1 wider than 1024), 32 batch rows per program, the next chunk prefetched. Its blocks
+    were the fastest or within 0.7 us of it among 16: 149.4 / 151.6 us fwd+bwd, against 154.7 / 152.6 with 16 rows per
+    program and no prefetch (run 2). Triton's own pipeline stages 2-3 changed nothing."""
     del rows, rate
-    wp = pk.next_pow2(width)
-    return Blocks(block_rows=max(1, 4096 // wp), bwd_block_rows=2 if wp <= 1024 else 1)
+    return Blocks(bwd_block_rows=2 if pk.next_pow2(width) <= 1024 else 1)
 
 
 def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
