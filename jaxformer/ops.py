@@ -39,7 +39,7 @@ The encoder layer calls `attention_qkv` under pallas and `attention` (with its l
 (`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
 (*****) The forward gathers the word and token-type rows itself; the backward writes the gathered rows' float32
-gradient, which XLA scatter-adds into the word table's (as `jnp.take` transposes). fwd+bwd 1.95x / 1.61x over XLA at
+gradient, which XLA scatter-adds into the word table's (as `jnp.take` transposes). fwd+bwd 1.99x / 1.64x over XLA at
 BERT-large B64 S128 / B16 S512 (H200 device time, session 29). Where a mesh splits the tables (`tensor` or `fsdp`)
 the pallas entry runs the reference.
 
