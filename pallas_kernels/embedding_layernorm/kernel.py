@@ -121,9 +121,9 @@ def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_r
         i, _, _, m = rows_of(j)
         return _table_rows(word_ref, _pick(ids_all, lanes, i), word_ref.shape[0], c, m)
 
-    def tile(j, word):
+    def tile(j, word):  # `word`: this tile's rows, fetched in the step before (with one tile, fetched here)
         if tiles > 1:
-            word, nxt = word, fetch(jnp.minimum(j + 1, tiles - 1))
+            nxt = fetch(jnp.minimum(j + 1, tiles - 1))
         else:
             word, nxt = fetch(j), ()
         i, r, row_ok, m = rows_of(j)
