@@ -217,6 +217,11 @@ def _whole(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
+def _id_table_specs(rows: int, wp: int, *tables):
+    """The specs both kernels take first: the (R,) ids and type ids, then each (n, D) table whole (D padded to wp)."""
+    return [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in tables]
+
+
 def check_shapes(ids, word, position, token_type):
     """ValueError (before any compile) naming the operand whose shape or dtype the kernels do not take."""
     if ids.ndim != 2:
@@ -241,8 +246,7 @@ def forward(ids, types, word, position, token_type, scale, shift, seed_words, *,
     rows, wp, br = batch * seq, pk.next_pow2(width), blocks.block_rows
     tiles = max(1, min(blocks.tiles_per_program, pl.cdiv(rows, br)))
     ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, shift, seed_words)
-    specs = [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in (word, position, token_type)]
-    specs += [_whole((wp,))] * 2 + [_whole((4,))]
+    specs = _id_table_specs(rows, wp, word, position, token_type) + [_whole((wp,))] * 2 + [_whole((4,))]
     return pl.pallas_call(
         functools.partial(_fwd_kernel, rows=rows, width=width, seq=seq, rate=rate, eps=eps, block_rows=br,
                           tiles=tiles),
@@ -257,9 +261,14 @@ def forward(ids, types, word, position, token_type, scale, shift, seed_words, *,
     )(*ins)
 
 
+def _batch_per_program(batch: int, blocks: Blocks) -> int:
+    """The backward's batch rows per program: `bwd_batch_per_program`, at most the batch."""
+    return max(1, min(blocks.bwd_batch_per_program, batch))
+
+
 def programs_per_position(batch: int, blocks: Blocks) -> int:
-    """The backward's programs per position (its grid is (S, this)), each `bwd_batch_per_program` batch rows."""
-    return pl.cdiv(batch, max(1, min(blocks.bwd_batch_per_program, batch)))
+    """The backward's programs per position (its grid is (S, this)), each `_batch_per_program` batch rows."""
+    return pl.cdiv(batch, _batch_per_program(batch, blocks))
 
 
 def backward(ids, types, word, position, token_type, scale, seed_words, mean, rstd, dy, *, rate, interpret,
@@ -270,11 +279,11 @@ def backward(ids, types, word, position, token_type, scale, seed_words, mean, rs
     (batch, seq), width = ids.shape, word.shape[1]
     rows, wp = batch * seq, pk.next_pow2(width)
     n_types = token_type.shape[0]
-    bpp = max(1, min(blocks.bwd_batch_per_program, batch))
+    bpp = _batch_per_program(batch, blocks)
     per_pos = programs_per_position(batch, blocks)
     groups = seq * per_pos
     ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, seed_words, mean, rstd, dy)
-    specs = [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in (word, position, token_type)]
+    specs = _id_table_specs(rows, wp, word, position, token_type)
     specs += [_whole((wp,)), _whole((4,)), _whole((rows,)), _whole((rows,)), _whole((rows, wp))]
     part = jax.ShapeDtypeStruct((groups, width), jnp.float32)
     part_spec = pl.BlockSpec((1, wp), lambda s, k: (s * per_pos + k, 0))
