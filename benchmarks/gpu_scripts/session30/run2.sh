@@ -5,7 +5,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 for s in "128 64" "512 16"; do set -- $s
   for k in xla pallas; do
     python benchmarks/train_step.py --config large --kernels $k --seq-len $1 --batch-size $2 --steps 10 --repeats 3 \
-      --warmup 2 2>&1 | grep -v Warning | tail -4 | tee -a $OUT/step.txt
+      --warmup 2 2>&1 | grep -v Warning | grep "^{" | tee -a $OUT/step.txt
   done
 done
 python benchmarks/gpu_scripts/session28/floors.py --rounds 2 --rates 0.1 2>&1 | grep -v Warning | tee $OUT/floors.txt
