@@ -42,6 +42,7 @@ from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as bdrln_
 from pallas_kernels.attention import kernel as attention_kernel
 from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
 from pallas_kernels.embedding_layernorm import kernel as embedding_kernel
+from pallas_kernels.mlm_loss import kernel as mlm_kernel
 from pallas_kernels import autotune
 from pallas_kernels._pallas import row_block_candidates
 from pallas_kernels.dropout import seed_from_key
@@ -121,6 +122,12 @@ def _grads_as_carry(fn, n_in):
 
 
 MGPU_BLOCKS = {"bias_gelu": bias_gelu_mgpu.Blocks, "bdrln": bdrln_mgpu.Blocks}
+
+# The fused MLM loss's tile variants timed beside its default (session 30's gemm_probe.py: 128 x 256 tiles with 8
+# warps were the fastest forward at 1280 rows).
+MLM_FUSED_BLOCKS = {"fused": None,
+                    "fused-fwd128x256": mlm_kernel.Blocks(block_v=256, num_warps=8),
+                    "fused-all128x256": mlm_kernel.Blocks(block_v=256, num_warps=8, bwd_block_v=256, bwd_num_warps=8)}
 
 
 def cases(ops, dtype, scale=1):
@@ -224,6 +231,8 @@ def cases(ops, dtype, scale=1):
             impls = {"xla": chained(mlm_loss.mlm_cross_entropy)}
             for c in (4096, 8192, 16384, 32768):  # 32768 > V: one chunk
                 impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
+            for name, bl in MLM_FUSED_BLOCKS.items():  # the fused Pallas kernels (the `pallas` row), block variants
+                impls[name] = chained(lambda *a, bl=bl: mlm_loss.mlm_cross_entropy_fused(*a, blocks=bl))
             out.append(("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3, None, None, None))
     if "embedding" in ops:
         # The embedding block (word/position/type gathers, sum, LN, dropout 0.1; once per step) at BERT-large's

@@ -13,12 +13,14 @@ left for XLA to fuse) and, where one exists, a `"pallas"` one (fused Pallas kern
 | attention (SM / BS, or fused flash attention)   | attention.reference         | attention kernel.py (flash) (***)    |
 | attention_qkv (the same on packed BSCNH q/k/v)  | attention.reference (**)    | the same, packed (***)               |
 | + the Q/K/V projection bias (AIB)               | XLA add after the GEMM      | inside flash at S <= 128, else XLA   |
-| mlm_cross_entropy (MLM decoder + softmax CE)    | mlm_loss.reference (logits) | mlm_loss chunked.py (*)              |
+| mlm_cross_entropy (MLM decoder + softmax CE)    | mlm_loss.reference (logits) | mlm_loss kernel.py fwd + bwd (*)     |
 
-(*) Not a Pallas kernel: a `lax.scan` over 16384-column vocabulary chunks (XLA's GEMMs) with a custom VJP that
-recomputes each chunk's logits, so the (rows, V) float32 logits never exist; measured faster than XLA on the
-materialised logits (kernels-h200.md). With the vocabulary split over `tensor` the model keeps the logits path
-(`MLMHead.cross_entropy`: a vocabulary-parallel cross-entropy).
+(*) `mlm_loss/fused.py` (session 30): Pallas GEMM tiles of the logits reduced in registers to the loss's per-row
+partials in the forward, recomputed in the backward into d_logits in the compute dtype for two XLA (cuBLAS) GEMMs, so
+the (rows, V) float32 logits never exist. Where the kernels do not apply (float32 compute, a width that is not a
+multiple of 16) it runs `mlm_loss/chunked.py`, a `lax.scan` over 16384-column vocabulary chunks with XLA's GEMMs and
+a recomputing custom VJP (the `pallas` row before session 30). With the vocabulary split over `tensor` the model keeps
+the logits path (`MLMHead.cross_entropy`: a vocabulary-parallel cross-entropy).
 
 (**) `attention_qkv` slices the packed (B, S, 3, N, H) projection for the reference; the Pallas kernels read it in
 place and write one packed gradient. Under pallas the layer passes the projection's bias to `attention_qkv(bias=)`:
@@ -77,7 +79,7 @@ TABLE = {
     "bias_gelu": {"xla": _bias_gelu.reference.bias_gelu, "pallas": _bias_gelu.bias_gelu},
     "attention": {"xla": _attention.attention, "pallas": _attention_kernels.sharded_flash_attention},
     "attention_qkv": {"xla": _attention.attention_qkv, "pallas": _attention_kernels.sharded_flash_attention_qkv},
-    "mlm_cross_entropy": {"xla": _mlm_loss.mlm_cross_entropy, "pallas": _mlm_loss.mlm_cross_entropy_chunked},
+    "mlm_cross_entropy": {"xla": _mlm_loss.mlm_cross_entropy, "pallas": _mlm_loss.mlm_cross_entropy_fused},
 }
 
 

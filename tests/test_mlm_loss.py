@@ -1,11 +1,13 @@
-"""Chunked MLM cross-entropy against the reference that materialises the logits: values, argmax and gradients."""
+"""Chunked and fused MLM cross-entropy against the reference that materialises the logits: values, argmax and
+gradients (the fused kernels in interpret mode here, compiled on a GPU in the gpu-marked test)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.mlm_loss import mlm_cross_entropy, mlm_cross_entropy_chunked
+from pallas_kernels.mlm_loss import mlm_cross_entropy, mlm_cross_entropy_chunked, mlm_cross_entropy_fused
+from pallas_kernels.mlm_loss.kernel import Blocks
 
 
 def _inputs(lead, v, d, h_dtype, e_dtype, seed=0):
@@ -195,3 +197,117 @@ def test_chunked_under_a_data_fsdp_mesh():
     np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
     for g, g_ref in zip(grads, grads_ref):
         _close(g, g_ref, 1e-5)
+
+
+# --------------------------------------------------------------------------------------------------- fused kernels
+
+FUSED_CASES = [  # lead, V, valid, D, blocks: partial row / column tiles, V below one tile, whole tiles of padding
+    ((37,), 1000, 1000, 32, Blocks()),                                              # rows and columns partial
+    ((4, 16), 512, 500, 48, Blocks(block_m=32, block_v=64, bwd_block_v=128)),       # whole tiles, BK = 16
+    ((3, 7), 100, 100, 64, Blocks()),                                                # V < BV: one partial tile
+    ((300,), 300, 230, 64, Blocks(block_m=64, block_v=64, bwd_block_v=32)),         # a tile of padding only
+]
+
+
+def _fused(blocks, valid=None):
+    return lambda *a: mlm_cross_entropy_fused(*a, vocab_size=valid, blocks=blocks)
+
+
+@pytest.mark.parametrize("lead,v,valid,d,blocks", FUSED_CASES)
+@pytest.mark.parametrize("e_dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_matches_reference(lead, v, valid, d, blocks, e_dtype):
+    """bf16 h (the kernels' dtype), with the float32 table (the model's case) or a bf16 one: nll to float32 accuracy
+    against float64 logits of the same bf16 operands, argmax, and gradients against the reference."""
+    h, e, bias, labels, w = _inputs(lead, v, d, jnp.bfloat16, e_dtype, seed=7)
+    labels = labels % valid
+    (nll, pred), grads = _run(_fused(blocks, valid), h, e, bias, labels, w)
+    (nll_ref, pred_ref), grads_ref = _run(lambda *a: mlm_cross_entropy(*a, vocab_size=valid), h, e, bias, labels, w)
+    assert nll.dtype == jnp.float32 and nll.shape == lead and pred.shape == lead
+    logits = _logits64(h, e.astype(jnp.bfloat16), bias)[..., :valid]
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll64 = logz - np.take_along_axis(logits, np.asarray(labels)[..., None], -1)[..., 0]
+    _close(nll, nll64, 1e-5)
+    _close(nll, nll_ref, 1e-5)
+    _check_predictions(pred, pred_ref, logits, 1e-5)
+    for g, g_ref, x in zip(grads, grads_ref, (h, e, bias)):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        _close(g, g_ref, 2e-2)
+    assert not np.any(np.asarray(grads[1])[valid:]) and not np.any(np.asarray(grads[2])[valid:])
+
+
+def test_fused_gradients_against_float64():
+    """The fused backward's float32 parts to float32 accuracy: with bf16 h and table the kernels' d_logits are
+    rounded to bf16 only for the two GEMMs, so d_bias (float32 column sums in the kernel) matches float64."""
+    h, e, bias, labels, w = _inputs((45,), 333, 32, jnp.bfloat16, jnp.bfloat16, seed=8)
+    _, (_, _, db) = _run(_fused(Blocks(block_m=16, block_v=64, bwd_block_v=64)), h, e, bias, labels, w)
+    logits = _logits64(h, e, bias)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    d_logits = (p - np.eye(333)[np.asarray(labels)]) * np.asarray(w, np.float64)[:, None]
+    _close(db, d_logits.sum(0), 1e-5)
+
+
+def test_fused_argmax_ties_take_the_first_column():
+    """Equal logits in one tile and across tiles: the first column wins, as jnp.argmax."""
+    h, e, bias, labels, w = _inputs((20,), 200, 32, jnp.bfloat16, jnp.float32, seed=9)
+    e = e.at[70].set(e[3]).at[150].set(e[3]).at[5].set(e[3])
+    bias = bias.at[jnp.array([3, 5, 70, 150])].set(40.0)  # the tied columns win every row
+    (nll, pred), _ = _run(_fused(Blocks(block_m=16, block_v=64, bwd_block_v=64)), h, e, bias, labels, w)
+    np.testing.assert_array_equal(np.asarray(pred), 3)
+    (nll_ref, _), _ = _run(mlm_cross_entropy, h, e, bias, labels, w)
+    _close(nll, nll_ref, 1e-5)
+
+
+def test_fused_runs_chunked_where_the_kernels_do_not_apply():
+    """float32 h (a Triton dot would round through TF32 on the GPU) and a width of 8 take the chunked loss."""
+    for dtype, d in ((jnp.float32, 32), (jnp.bfloat16, 8)):
+        h, e, bias, labels, w = _inputs((10,), 100, d, dtype, jnp.float32, seed=10)
+        out = _run(mlm_cross_entropy_fused, h, e, bias, labels, w)
+        want = _run(mlm_cross_entropy_chunked, h, e, bias, labels, w)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fused_bad_input_raises():
+    with pytest.raises(ValueError, match="labels shape"):
+        mlm_cross_entropy_fused(jnp.ones((2, 4, 16), jnp.bfloat16), jnp.ones((10, 16)), jnp.ones((10,)),
+                                jnp.zeros((3,), jnp.int32))
+    with pytest.raises(ValueError, match="vocab_size=11"):
+        mlm_cross_entropy_fused(jnp.ones((2, 16), jnp.bfloat16), jnp.ones((10, 16)), jnp.ones((10,)),
+                                jnp.zeros((2,), jnp.int32), vocab_size=11)
+
+
+def test_fused_under_a_data_fsdp_mesh():
+    """data=2,fsdp=4 as the train step places it (h on the batch, the table split on D over fsdp): the kernels run
+    per batch shard in shard_map and give the one-device values and gradients (the replicated table's and bias's
+    gradients summed over the shards once)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    h, e, bias, labels, w = _inputs((8, 5), 300, 32, jnp.bfloat16, jnp.float32, seed=11)
+    labels = labels % 290
+    fn = _fused(Blocks(block_m=16, block_v=64, bwd_block_v=64), 290)
+    (nll_ref, pred_ref), grads_ref = _run(fn, h, e, bias, labels, w)
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    with jax.set_mesh(mesh):
+        args = (put(h, P(("data", "fsdp"))), put(e, P(None, "fsdp")), put(bias, P()),
+                put(labels, P(("data", "fsdp"))), put(w, P(("data", "fsdp"))))
+        (nll, pred), grads = _run(fn, *args)
+    _close(nll, nll_ref, 1e-6)
+    np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
+    for g, g_ref in zip(grads, grads_ref):
+        _close(g, g_ref, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1280, 1000])
+def test_fused_compiled_at_bert_large(rows):
+    """BERT-large's decoder (D = 1024, the padded vocabulary 30528 with 30522 real columns), compiled: against the
+    reference on the GPU, with 1280 masked rows per step and a row count that leaves a partial row tile."""
+    h, e, bias, labels, w = _inputs((rows,), 30528, 1024, jnp.bfloat16, jnp.float32, seed=12)
+    labels = labels % 30522
+    (nll, pred), grads = _run(_fused(None, 30522), h, e, bias, labels, w)
+    (nll_ref, pred_ref), grads_ref = _run(lambda *a: mlm_cross_entropy(*a, vocab_size=30522), h, e, bias, labels, w)
+    _close(nll, nll_ref, 1e-5)
+    assert (np.asarray(pred) == np.asarray(pred_ref)).mean() >= 0.98
+    for g, g_ref in zip(grads, grads_ref):
+        _close(g, g_ref, 2e-2)

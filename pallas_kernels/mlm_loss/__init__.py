@@ -11,9 +11,12 @@ cheap next to the bytes it saves).
 
 - `reference.mlm_cross_entropy`: the ground truth, materialises the logits (the model's current math).
 - `chunked.mlm_cross_entropy_chunked`: pure JAX (`lax.scan` + `jax.custom_vjp`; XLA does the GEMMs).
+- `fused.mlm_cross_entropy_fused`: Pallas kernels (`kernel.py`) whose GEMM tiles reduce to the loss in registers;
+  the backward writes d_logits in the compute dtype for two XLA GEMMs. The `pallas` row of `jaxformer/ops.py`.
 """
 
 from .chunked import mlm_cross_entropy_chunked
+from .fused import mlm_cross_entropy_fused
 from .reference import mlm_cross_entropy
 
-__all__ = ["mlm_cross_entropy", "mlm_cross_entropy_chunked"]
+__all__ = ["mlm_cross_entropy", "mlm_cross_entropy_chunked", "mlm_cross_entropy_fused"]

@@ -1,0 +1,107 @@
+"""Fused MLM decoder + cross-entropy: Pallas GEMM tiles with the loss's reductions in registers (`kernel.py`).
+
+Forward: one kernel computes every (rows x vocabulary) tile of logits = h E^T + b and reduces it in registers to four
+numbers per row and tile (max, sum of exp, label logit, argmax); a few small XLA ops combine them into the float32
+logsumexp, nll and predictions. Nothing of size (N, V) is written. Residuals: the inputs, the table cast to h's dtype
+(the cast both passes need, done once) and logz (N,).
+
+Backward: one kernel recomputes each tile's logits and writes d_logits = (softmax - onehot) * g in h's dtype plus
+float32 column sums for the bias gradient; dh = d_logits E and dE = d_logits^T h are two XLA (cuBLAS) GEMMs, as in
+the reference and the chunked loss. d_logits (N, V) in the compute dtype is the one transient of that size (the
+reference keeps the float32 logits and writes a float32 d_logits besides).
+
+Where the kernels do not apply (float32 h: a Triton `dot` on float32 would round through TF32 on the GPU; a width
+that is not a multiple of 16) it runs the chunked loss (`chunked.py`), which has the same contract.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .._pallas import batch_shard_map, resolve_interpret
+from . import kernel
+from .chunked import _check, mlm_cross_entropy_chunked
+
+
+def supported(h_dtype, v: int, d: int, blocks: kernel.Blocks | None = None) -> bool:
+    """Whether the fused kernels take this shape: a 16-bit compute dtype and a width with a tile of >= 16 columns."""
+    return (jnp.dtype(h_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+            and kernel.tile_sizes(16, v, d, blocks or kernel.Blocks()) is not None)
+
+
+def _combine(m, s, ll, am):
+    """(N, T) per-tile partials -> float32 nll, logz and int32 argmax (N,): logsumexp across tiles; on ties the
+    first tile reaching the row's max, whose own argmax is its first column reaching it (jnp.argmax's rule)."""
+    mx = jnp.max(m, axis=1)
+    logz = mx + jnp.log(jnp.sum(s * jnp.exp(m - mx[:, None]), axis=1))
+    pred = jnp.min(jnp.where(m == mx[:, None], am, jnp.iinfo(jnp.int32).max), axis=1)
+    return logz - jnp.sum(ll, axis=1), logz, pred
+
+
+def _forward(h, e, bias, labels, valid, blocks, interpret):
+    ec, b32 = e.astype(h.dtype), bias.astype(jnp.float32)
+    parts = batch_shard_map(
+        lambda _, h, labels, ec, b32: kernel.forward_partials(h, ec, b32, labels, valid=valid, blocks=blocks,
+                                                              interpret=interpret), 2)(h, labels, ec, b32)
+    nll, logz, pred = _combine(*parts)
+    return nll, pred, (ec, b32, logz)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused(h, e, bias, labels, valid, blocks, interpret):
+    nll, pred, _ = _forward(h, e, bias, labels, valid, blocks, interpret)
+    return nll, pred
+
+
+def _fused_fwd(h, e, bias, labels, valid, blocks, interpret):
+    nll, pred, (ec, b32, logz) = _forward(h, e, bias, labels, valid, blocks, interpret)
+    return (nll, pred), (h, e, bias, ec, b32, labels, logz)
+
+
+def _fused_bwd(valid, blocks, interpret, res, cts):
+    h, e, bias, ec, b32, labels, logz = res
+    g = cts[0].astype(jnp.float32)  # the predictions' cotangent is float0 and ignored
+    d_logits, db = batch_shard_map(
+        lambda _, h, labels, logz, g, ec, b32: kernel.backward_tiles(h, ec, b32, labels, logz, g, valid=valid,
+                                                                     blocks=blocks, interpret=interpret),
+        4)(h, labels, logz, g, ec, b32)
+    dh = jnp.einsum("NV,VD->ND", d_logits, ec, preferred_element_type=jnp.float32)
+    de = jnp.einsum("NV,ND->VD", d_logits, h, preferred_element_type=jnp.float32)
+    return dh.astype(h.dtype), de.astype(e.dtype), jnp.sum(db, axis=0).astype(bias.dtype), None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def mlm_cross_entropy_fused(h, embedding, output_bias, labels, *, vocab_size=None, blocks: kernel.Blocks | None = None,
+                            interpret: bool | None = None):
+    """Same contract as `reference.mlm_cross_entropy` and `chunked.mlm_cross_entropy_chunked`.
+
+    Args:
+      h: (..., D) hidden states in the compute dtype (bfloat16 or float16 for the kernels; float32 runs the chunked
+        loss).
+      embedding: (V, D) tied word embeddings, any float dtype; cast to h's dtype once per call.
+      output_bias: (V,) decoder bias, added in float32.
+      labels: (...) int labels in [0, V) (out-of-range labels give nll = logz: they match no column).
+      vocab_size: columns at and past it are padding: never predicted, no share of the softmax, zero gradient.
+      blocks: tile sizes (`kernel.Blocks`); interpret: None compiles on a GPU and interprets on a CPU.
+
+    Returns:
+      nll: float32 (...), differentiable w.r.t. h, embedding and output_bias (gradients in their dtypes).
+      predictions: int32 (...) argmax of the logits, not differentiable.
+    """
+    _check(h, embedding, output_bias, labels, 1)
+    v, d = embedding.shape
+    valid = v if vocab_size is None else int(vocab_size)
+    if not 1 <= valid <= v:
+        raise ValueError(f"vocab_size={vocab_size} must be in [1, V={v}]")
+    blocks = blocks or kernel.Blocks()
+    if not supported(h.dtype, v, d, blocks):
+        return mlm_cross_entropy_chunked(h, embedding, output_bias, labels, vocab_size=vocab_size)
+    lead = h.shape[:-1]
+    nll, pred = _fused(h.reshape(-1, d), embedding, output_bias, labels.reshape(-1).astype(jnp.int32), valid, blocks,
+                       resolve_interpret(interpret))
+    return nll.reshape(lead), pred.reshape(lead)
