@@ -4,7 +4,7 @@
 Triton GEMMs (1261 us for one at 5120 rows). fwd+bwd device time per call on rotated inputs, us, and each
 implementation's kernels.
 
-    PYTHONPATH=. python benchmarks/gpu_scripts/session30/mlm_padded.py [--rows 1280,5120] [--calls 20]
+    PYTHONPATH=. python benchmarks/gpu_scripts/session30/mlm_padded.py [--rows 1280,5120] [--calls 20] [--vocab 30528]
 """
 import argparse
 import os
@@ -25,8 +25,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1280,5120")
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--vocab", type=int, default=30528, help="table rows (the model's: 30592, 30522 rounded to 128)")
     a = ap.parse_args()
-    v, valid, d = 30528, 30522, 1024
+    v, valid, d = a.vocab, 30522, 1024
     key = jax.random.split(jax.random.key(1), 4)
     print(f"# {jax.__version__} {jax.devices()[0].device_kind}; MLM loss fwd+bwd, V = {v} (vocab_size {valid}), "
           f"device time per call on rotated inputs, {a.calls} calls\n| rows | impl | us | XLA / impl | kernels (us) |\n"
