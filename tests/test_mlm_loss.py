@@ -180,18 +180,22 @@ def test_chunked_under_a_data_fsdp_mesh():
     """The train step's placement under data=2,fsdp=4 (h split on the batch over data and fsdp, the tied table split
     on D over fsdp, as sharding.PARAM_RULES does): GSPMD partitions the chunk scan and its custom VJP to the same
     values and gradients as one device."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
     h, e, bias, labels, w = _inputs((8, 5), 300, 32, jnp.float32, jnp.float32, seed=6)
-    labels = labels % 290
-    fn = lambda *a: mlm_cross_entropy_chunked(*a, chunk=128, vocab_size=290)  # noqa: E731
     with jax.default_matmul_precision("highest"):
-        (nll_ref, pred_ref), grads_ref = _run(fn, h, e, bias, labels, w)
-        mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-        put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-        with jax.set_mesh(mesh):
-            args = (put(h, P(("data", "fsdp"))), put(e, P(None, "fsdp")), put(bias, P()),
-                    put(labels, P(("data", "fsdp"))), put(w, P(("data", "fsdp"))))
-            (nll, pred), grads = _run(fn, *args)
+        _check_on_data_fsdp_mesh(lambda *a: mlm_cross_entropy_chunked(*a, chunk=128, vocab_size=290),
+                                 h, e, bias, labels % 290, w)
+
+
+def _check_on_data_fsdp_mesh(fn, h, e, bias, labels, w):
+    """fn's values and gradients on one device against data=2,fsdp=4 as `sharding.PARAM_RULES` places the inputs."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    (nll_ref, pred_ref), grads_ref = _run(fn, h, e, bias, labels, w)
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    with jax.set_mesh(mesh):
+        args = (put(h, P(("data", "fsdp"))), put(e, P(None, "fsdp")), put(bias, P()),
+                put(labels, P(("data", "fsdp"))), put(w, P(("data", "fsdp"))))
+        (nll, pred), grads = _run(fn, *args)
     assert np.isfinite(np.asarray(nll_ref)).all()
     _close(nll, nll_ref, 1e-5)
     np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
@@ -281,21 +285,8 @@ def test_fused_under_a_data_fsdp_mesh():
     """data=2,fsdp=4 as the train step places it (h on the batch, the table split on D over fsdp): the kernels run
     per batch shard in shard_map and give the one-device values and gradients (the replicated table's and bias's
     gradients summed over the shards once)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
     h, e, bias, labels, w = _inputs((8, 5), 300, 32, jnp.bfloat16, jnp.float32, seed=11)
-    labels = labels % 290
-    fn = _fused(Blocks(block_m=16, block_v=64, bwd_block_v=64), 290)
-    (nll_ref, pred_ref), grads_ref = _run(fn, h, e, bias, labels, w)
-    mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-    with jax.set_mesh(mesh):
-        args = (put(h, P(("data", "fsdp"))), put(e, P(None, "fsdp")), put(bias, P()),
-                put(labels, P(("data", "fsdp"))), put(w, P(("data", "fsdp"))))
-        (nll, pred), grads = _run(fn, *args)
-    _close(nll, nll_ref, 1e-6)
-    np.testing.assert_array_equal(np.asarray(pred), np.asarray(pred_ref))
-    for g, g_ref in zip(grads, grads_ref):
-        _close(g, g_ref, 1e-5)
+    _check_on_data_fsdp_mesh(_fused(Blocks(block_m=16, block_v=64, bwd_block_v=64), 290), h, e, bias, labels % 290, w)
 
 
 @pytest.mark.gpu
