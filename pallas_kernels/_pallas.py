@@ -62,6 +62,15 @@ def next_pow2(n: int) -> int:
     return pl.next_power_of_2(n)
 
 
+def fit_pow2(cap: int, n: int) -> int:
+    """The largest power of two <= cap (a power of two) dividing n, at least 16 (a Triton dot needs every dimension
+    >= 16): 16 where none divides, which the caller must check."""
+    block = cap
+    while block > 16 and n % block:
+        block //= 2
+    return block
+
+
 def row_col_mask(first_row, block_rows: int, rows: int, width_p: int, width: int):
     """Row indices (block_rows,), column indices (width_p,) and the in-bounds mask of a (block_rows, width_p) tile.
 

@@ -38,7 +38,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from .._pallas import compiler_params
+from .._pallas import compiler_params, fit_pow2
 from ..dropout import keep_mask_tile
 from . import kernel_mgpu
 
@@ -87,14 +87,6 @@ class BlockSizes:
     mgpu_fwd: bool = False
 
 
-def _fit(cap: int, n: int) -> int:
-    """The largest power of two <= cap dividing n, at least 16 (a Triton dot needs every dimension >= 16)."""
-    block = cap
-    while block > 16 and n % block:
-        block //= 2
-    return block
-
-
 def default_block_sizes(s: int, h: int, t: int | None = None, dtype=None) -> BlockSizes:
     """Defaults for query length S, head width H and key length T (= S unless given), for inputs of `dtype`.
 
@@ -115,9 +107,9 @@ def default_block_sizes(s: int, h: int, t: int | None = None, dtype=None) -> Blo
     fused = t <= 128 and _is_pow2(t) and not wide
     store_ds = not fused and not wide
     return BlockSizes(
-        block_q=_fit(128, s), block_k=_fit(32 if wide else 64, t),
-        block_q_dkv=_fit(32 if fused or wide else 64, s), block_k_dkv=_fit(64, t),
-        block_q_dq=_fit(128 if store_ds else 64, s), block_k_dq=_fit(64 if store_ds else 32, t),
+        block_q=fit_pow2(128, s), block_k=fit_pow2(32 if wide else 64, t),
+        block_q_dkv=fit_pow2(32 if fused or wide else 64, s), block_k_dkv=fit_pow2(64, t),
+        block_q_dq=fit_pow2(128 if store_ds else 64, s), block_k_dq=fit_pow2(64 if store_ds else 32, t),
         num_warps=8 if wide else 4, num_warps_bwd=8 if wide else 4,
         fused_bwd=fused, key_major=not wide, fold_bias=fused, store_ds=store_ds,
         mgpu_bwd=fused and dtype is not None and kernel_mgpu.shape_ok(s, t, h, dtype) and kernel_mgpu.supported(),
@@ -127,21 +119,21 @@ def default_block_sizes(s: int, h: int, t: int | None = None, dtype=None) -> Blo
 def candidate_block_sizes(around: BlockSizes, s: int, h: int, t: int | None = None, *, stage: str):
     """Block sizes to try around `around` (for the autotuner and `benchmarks/kernels.py --tune`): stage "fwd" the
     forward tiles, "bwd" the backward's form (pair or one kernel, row- or key-major) and tiles; session 7's search
-    space. Every candidate fits S and T (`_fit`)."""
+    space. Every candidate fits S and T (`fit_pow2`)."""
     t = s if t is None else t
     if stage == "fwd":
-        return [dataclasses.replace(around, block_q=_fit(bq, s), block_k=_fit(bk, t), num_warps=w, num_stages=st)
+        return [dataclasses.replace(around, block_q=fit_pow2(bq, s), block_k=fit_pow2(bk, t), num_warps=w, num_stages=st)
                 for bq, bk, w, st in ((128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3),
                                       (128, 64, 4, 2))]
     if stage != "bwd":
         raise ValueError(f"{stage=} must be 'fwd' or 'bwd'")
     # dS stored only with key-major tiles (row-major measured slower: session 12); one candidate toggles it.
     # Triton candidates only (`mgpu_bwd` off); a Mosaic GPU default stays in the race as `around`.
-    pairs = [dataclasses.replace(around, fused_bwd=False, mgpu_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
-                                 block_k_dkv=_fit(bk, t), num_warps_bwd=w, store_ds=km and around.store_ds)
+    pairs = [dataclasses.replace(around, fused_bwd=False, mgpu_bwd=False, key_major=km, block_q_dkv=fit_pow2(bq, s),
+                                 block_k_dkv=fit_pow2(bk, t), num_warps_bwd=w, store_ds=km and around.store_ds)
              for km in (False, True) for bq, bk, w in ((32, 64, 4), (64, 64, 4), (32, 32, 4), (64, 128, 8))]
     pairs.append(dataclasses.replace(around, fused_bwd=False, mgpu_bwd=False, store_ds=not around.store_ds))
-    fused = [dataclasses.replace(around, fused_bwd=True, mgpu_bwd=False, key_major=km, block_q_dkv=_fit(bq, s),
+    fused = [dataclasses.replace(around, fused_bwd=True, mgpu_bwd=False, key_major=km, block_q_dkv=fit_pow2(bq, s),
                                  num_warps_fused=w)
              for km in (False, True) for bq, w in ((16, 4), (32, 8), (64, 8))] if t <= 128 and _is_pow2(t) else []
     return pairs + fused

@@ -22,14 +22,15 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def _check(h, embedding, output_bias, labels, chunk) -> int:
-    """Validate shapes and dtypes before any tracing of the scan; returns the chunk as an int."""
-    try:
-        chunk = operator.index(chunk)
-    except TypeError:
-        raise ValueError(f"chunk must be an int, got {chunk!r}") from None
-    if chunk < 1:
-        raise ValueError(f"{chunk=} must be positive")
+def _check(h, embedding, output_bias, labels, chunk=None) -> int | None:
+    """Validate shapes and dtypes (and the chunk, where given) before any tracing; returns the chunk as an int."""
+    if chunk is not None:
+        try:
+            chunk = operator.index(chunk)
+        except TypeError:
+            raise ValueError(f"chunk must be an int, got {chunk!r}") from None
+        if chunk < 1:
+            raise ValueError(f"{chunk=} must be positive")
     if h.ndim < 1:
         raise ValueError(f"h must be (..., D), got shape {h.shape}")
     if embedding.ndim != 2 or embedding.shape[1] != h.shape[-1]:

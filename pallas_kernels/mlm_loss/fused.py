@@ -93,7 +93,7 @@ def mlm_cross_entropy_fused(h, embedding, output_bias, labels, *, vocab_size=Non
       nll: float32 (...), differentiable w.r.t. h, embedding and output_bias (gradients in their dtypes).
       predictions: int32 (...) argmax of the logits, not differentiable.
     """
-    _check(h, embedding, output_bias, labels, 1)
+    _check(h, embedding, output_bias, labels)
     v, d = embedding.shape
     valid = v if vocab_size is None else int(vocab_size)
     if not 1 <= valid <= v:

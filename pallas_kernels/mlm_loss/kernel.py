@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from .._pallas import compiler_params
+from .._pallas import compiler_params, fit_pow2
 
 _NO_COLUMN = jnp.iinfo(jnp.int32).max  # an argmax index no real column has
 
@@ -57,13 +57,10 @@ def _pow2_at_most(n: int, cap: int) -> int:
 
 def tile_sizes(n: int, v: int, d: int, blocks: Blocks, *, backward: bool = False) -> tuple[int, int, int] | None:
     """(BM, BV, BK) for an (n, d) x (v, d) problem, or None where a tile cannot be formed (D not a multiple of 16)."""
-    bk = _pow2_at_most(d, blocks.block_k)
-    while bk > 16 and d % bk:
-        bk //= 2
+    bk = fit_pow2(blocks.block_k, d)
     if d % bk:
         return None
-    return (_pow2_at_most(max(n, 16), blocks.block_m),
-            _pow2_at_most(max(v, 16), blocks.bwd_block_v if backward else blocks.block_v), bk)
+    return _pow2_at_most(n, blocks.block_m), _pow2_at_most(v, blocks.bwd_block_v if backward else blocks.block_v), bk
 
 
 def _logits_tile(h_ref, e_ref, b_ref, rows_ok, cols_ok, *, bk: int):
@@ -86,11 +83,23 @@ def _logits_tile(h_ref, e_ref, b_ref, rows_ok, cols_ok, *, bk: int):
     return acc + bias.astype(jnp.float32)[None, :]
 
 
-def _indices(bm: int, bv: int, n: int, v: int):
-    """This program's row and column indices and their in-array masks (None where every one is inside)."""
+def _indices(bm: int, bv: int, n: int, v: int, valid: int):
+    """This program's column indices and three masks, each None where the shape has none (decided statically): rows
+    inside N, columns inside V, and real columns (below `valid`: neither padding nor past V)."""
     rows = pl.program_id(0) * bm + jnp.arange(bm, dtype=jnp.int32)
     cols = pl.program_id(1) * bv + jnp.arange(bv, dtype=jnp.int32)
-    return rows, cols, (rows < n if n % bm else None), (cols < v if v % bv else None)
+    cols_ok = cols < v if v % bv else None
+    real = cols < valid if valid < v or cols_ok is not None else None
+    return cols, (rows < n if n % bm else None), cols_ok, real
+
+
+def _tile_mask(rows_ok, cols_ok, shape):
+    """The (BM, BV) mask of a tile's elements inside the array, or None where the tile is whole."""
+    if rows_ok is None and cols_ok is None:
+        return None
+    rows_ok = jnp.ones(shape[:1], jnp.bool_) if rows_ok is None else rows_ok
+    cols_ok = jnp.ones(shape[1:], jnp.bool_) if cols_ok is None else cols_ok
+    return rows_ok[:, None] & cols_ok[None, :]
 
 
 def _load_rows(ref, rows_ok, other):
@@ -105,11 +114,10 @@ def _store(ref, value, mask):
 
 
 def _fwd_kernel(h_ref, e_ref, b_ref, lab_ref, m_ref, s_ref, ll_ref, am_ref, *, n, v, valid, bk):
-    bm, bv = h_ref.shape[0], e_ref.shape[0]
-    rows, cols, rows_ok, cols_ok = _indices(bm, bv, n, v)
+    cols, rows_ok, cols_ok, real = _indices(h_ref.shape[0], e_ref.shape[0], n, v, valid)
     logits = _logits_tile(h_ref, e_ref, b_ref, rows_ok, cols_ok, bk=bk)
-    if valid < v or cols_ok is not None:  # padding columns and columns past V never win and add nothing
-        logits = jnp.where((cols < valid)[None, :], logits, -jnp.inf)
+    if real is not None:  # padding columns and columns past V never win and add nothing
+        logits = jnp.where(real[None, :], logits, -jnp.inf)
     m = jnp.max(logits, axis=1)
     m_safe = jnp.where(m == -jnp.inf, 0.0, m)  # a tile of padding only: sum 0, never the row's max
     labels = _load_rows(lab_ref, rows_ok, -1)
@@ -121,21 +129,16 @@ def _fwd_kernel(h_ref, e_ref, b_ref, lab_ref, m_ref, s_ref, ll_ref, am_ref, *, n
 
 
 def _bwd_kernel(h_ref, e_ref, b_ref, lab_ref, logz_ref, g_ref, dl_ref, db_ref, *, n, v, valid, bk):
-    bm, bv = h_ref.shape[0], e_ref.shape[0]
-    rows, cols, rows_ok, cols_ok = _indices(bm, bv, n, v)
+    cols, rows_ok, cols_ok, real = _indices(h_ref.shape[0], e_ref.shape[0], n, v, valid)
     logits = _logits_tile(h_ref, e_ref, b_ref, rows_ok, cols_ok, bk=bk)
     labels = _load_rows(lab_ref, rows_ok, -1)
     logz = _load_rows(logz_ref, rows_ok, 0.0)
     g = _load_rows(g_ref, rows_ok, 0.0)  # rows past N: g = 0, so their d_logits and bias share are 0
     p = jnp.exp(logits - logz[:, None])
-    if valid < v or cols_ok is not None:
-        p = jnp.where((cols < valid)[None, :], p, 0.0)
+    if real is not None:
+        p = jnp.where(real[None, :], p, 0.0)
     d_logits = (p - (cols[None, :] == labels[:, None]).astype(jnp.float32)) * g[:, None]
-    mask = None
-    if rows_ok is not None or cols_ok is not None:
-        mask = (True if rows_ok is None else rows_ok[:, None]) & (True if cols_ok is None else cols_ok[None, :])
-        mask = jnp.broadcast_to(mask, d_logits.shape)
-    _store(dl_ref, d_logits.astype(dl_ref.dtype), mask)
+    _store(dl_ref, d_logits.astype(dl_ref.dtype), _tile_mask(rows_ok, cols_ok, d_logits.shape))
     _store(db_ref, jnp.sum(d_logits, axis=0), cols_ok)
 
 
