@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "steps 20-28%% slower on one GPU and on two) instead of a loop over them (the default)")
     p.add_argument("--layouts", default="default", metavar="FILE",
                    help="stored order of the encoder layer's activations: a JSON file written by "
-                        "`python -m layouts.search`, or a built-in name (README, Layouts)")
+                        "`python -m jaxformer.layout_search`, or a built-in name (README, Layouts)")
     p.add_argument("--profile-steps", type=_profile_steps, default=None, metavar="A:B",
                    help="write a jax.profiler trace of steps A..B-1 to <out>/profile")
     p.add_argument("--dump-hlo", action="store_true", help="write the optimized HLO of the train step to <out>")

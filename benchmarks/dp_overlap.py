@@ -29,7 +29,7 @@ from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer.steps import _tracing  # the mesh and XLA's optimization level while the step compiles
-from pallas_kernels._pallas import _shard_map
+from pallas_kernels.mesh import _shard_map
 
 
 def layer(w, h):

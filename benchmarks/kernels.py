@@ -44,6 +44,7 @@ from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
 from pallas_kernels.embedding_layernorm import kernel as embedding_kernel
 from pallas_kernels.mlm_loss import kernel as mlm_kernel
 from pallas_kernels import autotune
+from pallas_kernels.timing import grads_as_carry, time_step
 from pallas_kernels._pallas import row_block_candidates
 from pallas_kernels.dropout import seed_from_key
 
@@ -57,9 +58,9 @@ def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
 
     The inputs are rotated: K copies of `carry` (K x its bytes >= `min_bytes`, three times the H200's 60 MB L2),
     iteration i consumes copy i % K's previous output, so no iteration finds its operands in L2.
-    `lengths` = (N1, N2) overrides the two run lengths (shorter ones compile faster: layouts/search.py).
+    `lengths` = (N1, N2) overrides the two run lengths (shorter ones compile faster: jaxformer/layout_search.py).
     """
-    return autotune.time_step(step, carry, lengths=lengths or (N1, N2), repeats=repeats,
+    return time_step(step, carry, lengths=lengths or (N1, N2), repeats=repeats,
                               rotate_bytes=min_bytes or ROTATE_BYTES[0], max_copies=None, nan_on_failure=False)
 
 
@@ -109,16 +110,6 @@ def device_time(step, args, calls, min_bytes=None):
     times = profile_compiled(compiled, (next(copies),), calls, carry=lambda out, a: (next(copies),),
                              log=lambda m: None)
     return sum(times.values()) / calls * 1e-9
-
-
-def _grads_as_carry(fn, n_in):
-    """A fwd+bwd step: the outputs' VJP with the output as its own cotangent; the gradients become the inputs."""
-    def step(args):
-        y, vjp = jax.vjp(fn, *args)
-        grads = vjp(y)
-        cast = lambda g, a: jax.tree.map(lambda g, a: g.astype(a.dtype), g, a)  # noqa: E731
-        return tuple(cast(g, a) for g, a in zip(grads[:n_in], args)) + tuple(args[n_in:])
-    return step
 
 
 MGPU_BLOCKS = {"bias_gelu": bias_gelu_mgpu.Blocks, "bdrln": bdrln_mgpu.Blocks}
@@ -386,7 +377,7 @@ def main():
             def step_for(fn, name=name, n_in=n_in):
                 if name == "fwd":
                     return lambda c: (fn(*c),) + tuple(c[1:])
-                return _grads_as_carry(fn, n_in)
+                return grads_as_carry(fn, n_in)
             t_xla = None
             nbytes = nbytes or 0
             for impl, fn0 in impls.items():

@@ -14,6 +14,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from layouts import config as _layouts
+from pallas_kernels.mesh import MESH_AXES
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 KERNELS = ("auto", "xla", "pallas")
@@ -58,7 +59,7 @@ class BertConfig:
     * `kernels`: `"xla"` (plain jax.numpy, fused by XLA), `"pallas"` (fused Pallas kernels) or `"auto"` (pallas on a
       GPU, where it is measured faster, xla elsewhere: interpret mode on a CPU is for tests), see `jaxformer.ops`.
     * `layouts`: the stored order of each encoder-layer activation: `"default"` (today's BSD/CBSNH/BNST/BSNH/BSF),
-      a built-in name, a JSON file path (as written by `python -m layouts.search`) or a `layouts.LayoutConfig`.
+      a built-in name, a JSON file path (as written by `python -m jaxformer.layout_search`) or a `layouts.LayoutConfig`.
     * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
       layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
       mean `"full"`/`"none"`.
@@ -181,7 +182,6 @@ class BertConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-MESH_AXES = ("data", "fsdp", "tensor", "pipeline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +297,7 @@ class TrainConfig:
     dtype: str = "bfloat16"
     remat: str = "none"
     scan_layers: bool = False  # BertConfig.scan_layers: the layers in one lax.scan instead of a loop
-    layouts: str = "default"  # BertConfig.layouts: a built-in name or a JSON file (python -m layouts.search)
+    layouts: str = "default"  # BertConfig.layouts: a built-in name or a JSON file (python -m jaxformer.layout_search)
     profile_steps: tuple[int, int] | None = None
     dump_hlo: bool = False
     progress: bool = True

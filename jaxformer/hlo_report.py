@@ -164,7 +164,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=False,
                    help="the encoder layers in one lax.scan or a loop (BertConfig.scan_layers; default: the loop)")
     p.add_argument("--layouts", default="default", metavar="FILE",
-                   help="activation layouts: a JSON file from `python -m layouts.search` or a built-in name")
+                   help="activation layouts: a JSON file from `python -m jaxformer.layout_search` or a built-in name")
     p.add_argument("--forward-only", action="store_true", help="the model's forward (eval) instead of a train step")
     p.add_argument("--top", type=int, default=15, help="how many operators to list by bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,23 +1,14 @@
-"""BERT for pre-training (MLM + NSP) in Flax NNX.
+"""BERT for pre-training (MLM + NSP) in Flax NNX: embeddings, the encoder stack, the pooler and the two heads.
 
-Every contraction is an einsum in the dimension letters of DESIGN.md (B batch, S query position, T key position,
-D model width, N heads, H head width, F feed-forward width, V vocabulary, L layers, C the Q/K/V component, P
-masked positions). Every memory-bound operator is called through `jaxformer.ops`, which picks the XLA reference or
-a fused Pallas kernel. Parameters are stored in `param_dtype` (float32) and cast to the compute `dtype` at use.
-
-The encoder layer (post-LN, as in BERT):
-
-    qkv  = x[BSD] @ w_qkv[CDNH] + b_qkv[CNH]                              (AIB)
-    ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM; pallas: flash, adding b_qkv itself)
-    x    = LN(x + dropout(ctx[BSNH] @ w_o[NHD] + b_o))                      (BDRLN)
-    h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
-    x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
+The encoder layer itself is `jaxformer/layer.py`. Every contraction is an einsum in the dimension letters (B batch,
+S query position, T key position, D model width, N heads, H head width, F feed-forward width, V vocabulary, L layers,
+C the Q/K/V component, P masked positions); every memory-bound operator is called through `jaxformer.ops`, which
+picks the XLA reference or a fused Pallas kernel. Parameters are stored in `param_dtype` (float32) and cast to the
+compute `dtype` at use.
 
 The layers' parameters are stacked on a leading L axis; the layers run one after another on slices of them, or in a
 `jax.lax.scan` with `BertConfig.scan_layers` (its compile time does not grow with depth, but its stacked residual
-buffers cost ~20% of a BERT-large step, on one GPU and on two).
-The encoder layer's einsums are layout-annotated (`layouts/layer.py`): `config.layouts` decides the stored order of
-each activation (x, qkv, scores, ctx, h); the default is the orders written above.
+buffers cost ~20% of a BERT-large step).
 """
 
 from __future__ import annotations
@@ -29,46 +20,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels.dropout import seed_from_key
-
 import layouts.einsum as lx
-from layouts import layer as layer_ops
+from pallas_kernels.dropout import seed_from_key
+from pallas_kernels.mesh import current_mesh
 
 from . import ops
 from .config import BertConfig
-from .sharding import PARAM_RULES, constrain, logical_to_spec
+from .layer import EncoderLayer
+from .losses import nll_and_predictions
+from .params import LayerNormParams, normal, param, zeros
 from .pipeline import Pipeline
-from pallas_kernels._pallas import current_mesh
-from pallas_kernels.mlm_loss.reference import nll_and_predictions
-
-
-def _param(value, names: str):
-    """A Param carrying its logical axis names (DESIGN.md letters, "_" for an axis no rule splits) as Flax's
-    `out_sharding` metadata; `jaxformer.sharding.PARAM_RULES` maps them to mesh axes. Not sharded eagerly: the
-    trainer places the parameters on its mesh."""
-    assert len(names) == value.ndim, (names, value.shape)
-    return nnx.Param(value, eager_sharding=False, out_sharding=tuple(None if c == "_" else c for c in names))
-
-
-def _normal(rngs: nnx.Rngs, shape, config: BertConfig, names: str):
-    """Hugging Face's initialisation: N(0, initializer_range) for weight matrices and embeddings."""
-    return _param(config.initializer_range * jax.random.normal(rngs.params(), shape, config.parameter_dtype), names)
-
-
-def _zeros(shape, config: BertConfig, names: str):
-    return _param(jnp.zeros(shape, config.parameter_dtype), names)
-
-
-def _ones(shape, config: BertConfig, names: str):
-    return _param(jnp.ones(shape, config.parameter_dtype), names)
-
-
-class LayerNormParams(nnx.Module):
-    """Scale and bias of a layernorm; the normalisation itself runs inside the fused operators."""
-
-    def __init__(self, config: BertConfig):
-        self.scale = _ones((config.hidden_size,), config, "D")
-        self.bias = _zeros((config.hidden_size,), config, "D")
+from .sharding import PARAM_RULES, constrain, logical_to_spec
 
 
 class Embeddings(nnx.Module):
@@ -78,10 +40,10 @@ class Embeddings(nnx.Module):
         self.config = config
         d = config.hidden_size
         # VD, tied to the MLM decoder; rows padded with zeros to padded_vocab_size (no token id reaches them)
-        word = _normal(rngs, (config.vocab_size, d), config, "VD")[...]
-        self.word = _param(jnp.pad(word, ((0, config.padded_vocab_size - config.vocab_size), (0, 0))), "VD")
-        self.position = _normal(rngs, (config.max_position_embeddings, d), config, "_D")
-        self.token_type = _normal(rngs, (config.type_vocab_size, d), config, "_D")
+        word = normal(rngs, (config.vocab_size, d), config, "VD")[...]
+        self.word = param(jnp.pad(word, ((0, config.padded_vocab_size - config.vocab_size), (0, 0))), "VD")
+        self.position = normal(rngs, (config.max_position_embeddings, d), config, "_D")
+        self.token_type = normal(rngs, (config.type_vocab_size, d), config, "_D")
         self.layer_norm = LayerNormParams(config)
 
     def __call__(self, input_ids, token_type_ids, *, seed, rate: float):
@@ -92,75 +54,6 @@ class Embeddings(nnx.Module):
             input_ids, token_type_ids, self.word[...], self.position[:s], self.token_type[...],
             self.layer_norm.scale[...], self.layer_norm.bias[...],
             seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype), "BSD", between_blocks=True)
-
-
-class SelfAttention(nnx.Module):
-    """Multi-head self-attention with a padding mask, its output projection and the post-LN residual block."""
-
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        d, n, h = config.hidden_size, config.num_attention_heads, config.head_dim
-        self.qkv_kernel = _normal(rngs, (3, d, n, h), config, "CDNH")
-        self.qkv_bias = _zeros((3, n, h), config, "CNH")
-        self.out_kernel = _normal(rngs, (n, h, d), config, "NHD")
-        self.out_bias = _zeros((d,), config, "D")
-        self.layer_norm = LayerNormParams(config)
-
-    def __call__(self, x, mask, *, seeds, deterministic: bool):
-        """x stored in `layouts.x` order (BSD by default); the result too."""
-        cfg, dt = self.config, self.config.compute_dtype
-        f, pallas = ops.select(cfg.kernels), ops.resolve(cfg.kernels) == "pallas"
-        L = layer_ops.for_kernels(cfg.layout_config, pallas)
-        x = constrain(lx.annotate(x, L.x), between_blocks=True)  # layer boundary: B over data/fsdp (S: see sharding)
-        # Under the Pallas kernels the Q/K/V bias goes to flash attention, which applies it (inside the kernels where
-        # that measured faster: `BlockSizes.fold_bias`); it rounds the bias to the compute dtype as the add here does.
-        bias = self.qkv_bias[...]
-        qkv = constrain(layer_ops.qkv_projection(x, self.qkv_kernel[...], None if pallas else bias, L, dt))  # N: TP
-        rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-        ctx = layer_ops.attention(f, pallas, qkv, mask, L, seed=seeds[0], rate=rate,  # BSNH
-                                  qkv_bias=bias if pallas else None)
-        rate = 0.0 if deterministic else cfg.hidden_dropout_prob
-        return layer_ops.attention_output(  # BSNH,NHD->BSD, then BDRLN
-            f, ctx, self.out_kernel[...], self.out_bias[...], x, self.layer_norm.scale[...],
-            self.layer_norm.bias[...], L, dt, seed=seeds[1], rate=rate, eps=cfg.layer_norm_eps).array
-
-
-class FeedForward(nnx.Module):
-    """Dense D->F, exact GELU, dense F->D, then the post-LN residual block."""
-
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        d, ff = config.hidden_size, config.intermediate_size
-        self.in_kernel = _normal(rngs, (d, ff), config, "DF")
-        self.in_bias = _zeros((ff,), config, "F")
-        self.out_kernel = _normal(rngs, (ff, d), config, "FD")
-        self.out_bias = _zeros((d,), config, "D")
-        self.layer_norm = LayerNormParams(config)
-
-    def __call__(self, x, *, seed, deterministic: bool):
-        """x stored in `layouts.x` order (BSD by default); the result too."""
-        cfg, dt, L = self.config, self.config.compute_dtype, self.config.layout_config
-        f = ops.select(cfg.kernels)
-        x = constrain(lx.annotate(x, L.x), between_blocks=True)  # block boundary: B over data/fsdp (S: see sharding)
-        h = constrain(layer_ops.ffn_intermediate(f, x, self.in_kernel[...], self.in_bias[...], L, dt))  # F: tensor
-        rate = 0.0 if deterministic else cfg.hidden_dropout_prob
-        return layer_ops.ffn_output(  # BSF,FD->BSD, then BDRLN
-            f, h, self.out_kernel[...], self.out_bias[...], x, self.layer_norm.scale[...], self.layer_norm.bias[...],
-            L, dt, seed=seed, rate=rate, eps=cfg.layer_norm_eps).array
-
-
-class EncoderLayer(nnx.Module):
-    """One post-LN transformer layer: self-attention block, then feed-forward block."""
-
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
-        self.attention = SelfAttention(config, rngs=rngs)
-        self.feed_forward = FeedForward(config, rngs=rngs)
-
-    def __call__(self, x, mask, *, key, deterministic: bool):
-        # Three dropout sites per layer, each with its own seed derived from the layer's key.
-        seeds = [seed_from_key(k) for k in jax.random.split(key, 3)]
-        x = self.attention(x, mask, seeds=seeds[:2], deterministic=deterministic)
-        return self.feed_forward(x, seed=seeds[2], deterministic=deterministic)
 
 
 _REMAT_POLICIES = {
@@ -225,8 +118,8 @@ class Pooler(nnx.Module):
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.kernel = _normal(rngs, (config.hidden_size, config.hidden_size), config, "D_")  # DD
-        self.bias = _zeros((config.hidden_size,), config, "D")
+        self.kernel = normal(rngs, (config.hidden_size, config.hidden_size), config, "D_")  # DD
+        self.bias = zeros((config.hidden_size,), config, "D")
 
     def __call__(self, x):
         dt = self.config.compute_dtype
@@ -240,10 +133,10 @@ class MLMHead(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         d = config.hidden_size
-        self.kernel = _normal(rngs, (d, d), config, "D_")  # DD
-        self.bias = _zeros((d,), config, "D")
+        self.kernel = normal(rngs, (d, d), config, "D_")  # DD
+        self.bias = zeros((d,), config, "D")
         self.layer_norm = LayerNormParams(config)
-        self.output_bias = _zeros((config.padded_vocab_size,), config, "V")  # V, padded like the embeddings
+        self.output_bias = zeros((config.padded_vocab_size,), config, "V")  # V, padded like the embeddings
 
     def transform(self, x):
         """x: (B, P, D) -> the decoder's input h (B, P, D): dense, bias + GELU, layernorm, in the compute dtype."""
@@ -281,8 +174,8 @@ class NSPHead(nnx.Module):
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.kernel = _normal(rngs, (config.hidden_size, 2), config, "D_")
-        self.bias = _zeros((2,), config, "_")
+        self.kernel = normal(rngs, (config.hidden_size, 2), config, "D_")
+        self.bias = zeros((2,), config, "_")
 
     def __call__(self, pooled):
         dt = self.config.compute_dtype

@@ -38,7 +38,7 @@ shape checks pass, the Mosaic GPU version (`bdrln/kernel_mgpu.py`; `backend="aut
 on an H100 at 32768 rows of 1024 with dropout Triton's, session 23). Either backward's partial sums of the parameter
 gradients are added up by one `column_sums` launch (`pallas_kernels/_pallas.py`).
 The encoder layer calls `attention_qkv` under pallas and `attention` (with its layout arguments) under xla
-(`layouts/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
+(`jaxformer/layer.py`); `attention`'s pallas entry serves callers with separate q, k, v.
 
 (*****) The forward gathers the word and token-type rows itself; the backward writes the gathered rows' float32
 gradient, which XLA scatter-adds into the word table's (as `jnp.take` transposes). fwd+bwd 1.99x / 1.64x over XLA at

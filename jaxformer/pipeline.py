@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels._pallas import PIPELINE_AXIS, current_mesh  # the stage axis: the kernels shard_map over it too
+from pallas_kernels.mesh import PIPELINE_AXIS, current_mesh  # the stage axis: the kernels shard_map over it too
 
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from pallas_kernels._pallas import current_mesh
+from pallas_kernels.mesh import BATCH_AXES, HEAD_AXIS, MESH_AXES, current_mesh
 
 from .config import BertConfig, MeshConfig, TrainConfig
 from .pipeline import Pipeline
@@ -41,9 +41,7 @@ PARAM_RULES: dict[str, Any] = {"L": "pipeline", "V": "tensor", "N": "tensor", "F
 # outside the layer stack run replicated over the `pipeline` axis (as jaxformer/pipeline.py expects: it broadcasts
 # the stack's output to every stage); they are a small part of a step, and keeping `pipeline` off B keeps it free for
 # the stage axis that the pipeline's `vmap(spmd_axis_name="pipeline")` puts on activations inside the stack.
-ACTIVATION_RULES: dict[str, Any] = {"B": ("data", "fsdp"), "N": "tensor", "F": "tensor", "V": "tensor"}
-
-BATCH_AXES = ACTIVATION_RULES["B"]
+ACTIVATION_RULES: dict[str, Any] = {"B": BATCH_AXES, "N": HEAD_AXIS, "F": HEAD_AXIS, "V": HEAD_AXIS}
 
 # Megatron's sequence parallelism (an option, `--sequence-parallel`): between blocks, where the residual stream
 # goes through dropout, the residual add and layernorm, its S axis is split over `tensor` as well. GSPMD then turns
@@ -88,7 +86,7 @@ def make_mesh(mesh: MeshConfig | str, devices=None) -> jax.sharding.Mesh:
 
 def describe(mesh: jax.sharding.Mesh) -> str:
     """`data=2,fsdp=1,tensor=4,pipeline=1` of a mesh made by `make_mesh`, for logs."""
-    return ",".join(f"{a}={mesh.shape[a]}" for a in ("data", "fsdp", "tensor", "pipeline"))
+    return ",".join(f"{a}={mesh.shape[a]}" for a in MESH_AXES)
 
 
 def validate(mesh: MeshConfig | str, model: BertConfig, tc: TrainConfig, n_devices: int | None = None) -> MeshConfig:

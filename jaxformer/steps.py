@@ -20,8 +20,8 @@ from flax import nnx
 
 from . import distributed, ops, sharding
 from .config import BertConfig, TrainConfig
+from .losses import pretraining_losses
 from .model import BertForPreTraining
-from pallas_kernels.mlm_loss.reference import nll_and_predictions
 from .pipeline import Pipeline
 
 
@@ -73,30 +73,6 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
         opt = optax.lamb(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
     # Always the same chain (clip_norm 0 clips at infinity), so checkpoints restore across clip settings.
     return optax.chain(optax.clip_by_global_norm(tc.clip_norm or float("inf")), opt)
-
-
-def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32).
-    `out` carries either the MLM head's per-position `mlm_nll` and `mlm_predictions` (the model called with
-    `masked_labels`, as the steps do) or its logits."""
-    labels, weights = batch["masked_labels"], batch["masked_weights"]
-    if getattr(out, "mlm_nll", None) is not None:
-        nll, pred = out.mlm_nll, out.mlm_predictions
-    else:
-        # The padded logits (their extra columns at float32's min add nothing), split over `tensor` on V.
-        padded = getattr(out, "padded_mlm_logits", None)
-        nll, pred = nll_and_predictions(out.mlm_logits if padded is None else padded, labels)
-    n_masked = jnp.maximum(jnp.sum(weights), 1.0)
-    mlm_loss = jnp.sum(nll * weights) / n_masked
-    mlm_correct = jnp.sum((pred == labels) * weights)
-    nsp_logits = out.nsp_logits.astype(jnp.float32)
-    nsp_loss = jnp.mean(jax.nn.logsumexp(nsp_logits, -1)
-                        - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0])
-    nsp_correct = jnp.sum(jnp.argmax(nsp_logits, -1) == batch["nsp_labels"])
-    metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
-                   mlm_correct=mlm_correct, n_masked=jnp.sum(weights), nsp_correct=nsp_correct,
-                   n_seq=jnp.asarray(labels.shape[0], jnp.float32))
-    return mlm_loss + nsp_loss, metrics
 
 
 def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None, pipeline=None):

@@ -20,9 +20,7 @@ from . import distributed, sharding
 from .config import TrainConfig
 from .data import DataConfig, Prefetcher, PretrainingData, builtin_corpus, load_or_train_tokenizer
 from .outputs import CheckpointError, Checkpointer, MetricsWriter, plot_losses
-# The step-level API, importable from here too (tests, benchmarks and user code import it from `trainer`).
-from .steps import (BATCH_PARALLEL_OPT_LEVEL, Steps, TrainState, _forward, build_model, evaluate,  # noqa: F401
-                    host_metrics, learning_rate_schedule, make_optimizer, pretraining_losses)
+from .steps import Steps, build_model, evaluate, host_metrics, make_optimizer
 
 
 # ----------------------------------------------------------------------------------------------- the loop

@@ -1,9 +1,6 @@
-"""Layout-annotated einsums (`layouts.einsum`), the layout configuration the model loads (`layouts.config`), the
-encoder layer's operators on annotated tensors (`layouts.layer`) and the global layout search
-(`python -m layouts.search`, solved by `layouts.solver`). See README.md, "Layouts".
-
-Only the light modules are imported here: `jaxformer.config` imports `layouts.config`, and `layouts.search` /
-`layouts.timing` import jaxformer, so they must not load with the package.
+"""Layout-annotated einsums (`layouts.einsum`), the layout configuration the model loads (`layouts.config`) and the
+shortest-path solver of the global layout search (`layouts.solver`; the search itself, which times the model's
+operators, is `python -m jaxformer.layout_search`). See docs/layouts.md.
 """
 
 from .config import CANDIDATES, LOGICAL, LayoutConfig, load

@@ -28,7 +28,7 @@ LOGICAL = {"x": "BSD", "qkv": "CBSNH", "scores": "BNST", "ctx": "BSNH", "h": "BS
 # The letter that must stay last: memory-bound kernels work on rows of the last axis.
 LAST = {"x": "D", "h": "F"}
 
-# What the search tries (layouts/search.py). H and T last everywhere (rows of the head width / of the keys are
+# What the search tries (jaxformer/layout_search.py). H and T last everywhere (rows of the head width / of the keys are
 # what the batched matmuls and the softmax stream over); the orders below are the ones with a reason to win:
 # qkv  CBSNH (today), CBNSH (q, k, v already in batched-matmul order), BSCNH/SBCNH (the projection as one
 #      [BS, 3D] / [SB, 3D] GEMM output);

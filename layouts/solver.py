@@ -2,7 +2,7 @@
 
 A `Problem` is a sequence of operators over named tensors. Every tensor has candidate layouts; an operator reads
 each input in one layout and writes each output in one layout, at a cost that depends on all of them (measured by
-`layouts/search.py`; `inf` for a combination the operator cannot run). An operator reads an input in the layout the
+`jaxformer/layout_search.py`; `inf` for a combination the operator cannot run). An operator reads an input in the layout the
 tensor is live in, unless `Op.reads` lists the layouts it may read it in: then reading it in another one inserts a
 transpose (`Problem.transpose(tensor, src, dst)`, a cost) and the tensor stays live in the new layout.
 

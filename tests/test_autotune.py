@@ -11,7 +11,7 @@ import pytest
 
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
-from pallas_kernels import autotune
+from pallas_kernels import autotune, timing
 from pallas_kernels.attention import flash_attention, flash_attention_qkv, kernel
 
 
@@ -48,7 +48,7 @@ def tune_env(monkeypatch, tmp_path):
     monkeypatch.setenv(autotune.ENV_MODE, "tune")
     # The GPU tests check the plumbing, not the clock's fidelity: no input copies for L2 rotation, so each candidate
     # compiles a short chain (with the 180 MB rotation the three GPU tests outran a 330 s limit, session 9 run 9).
-    monkeypatch.setattr(autotune, "ROTATE_BYTES", 0)
+    monkeypatch.setattr(timing, "ROTATE_BYTES", 0)
     return path
 
 
@@ -207,9 +207,9 @@ def test_time_step_measures_a_chained_step():
     x = jnp.ones((384, 384))
     traced = []
     step = lambda a: (traced.append(1), (a[0] @ a[0] / 384.0,))[1]  # noqa: E731
-    one = autotune.step_clock(step, (x,), lengths=(1, 5), rotate_bytes=0)  # one copy
+    one = timing.step_clock(step, (x,), lengths=(1, 5), rotate_bytes=0)  # one copy
     assert len(traced) == 1 + 5  # chains of 1 and 5 steps, each traced (and compiled) once
-    four = autotune.step_clock(step, (x,), lengths=(1, 5), rotate_bytes=4 * x.nbytes)  # 4 copies in turn
+    four = timing.step_clock(step, (x,), lengths=(1, 5), rotate_bytes=4 * x.nbytes)  # 4 copies in turn
     assert len(traced) == 6 + 4 * (1 + 5)  # n rounds of the 4 copies: 4n steps per chain
     # Real clocks: positive and plausible (the other xdist worker shares the 2 CPU cores, so no ratio of two real
     # timings is asserted here: one CI run measured t4/t1 = 0.32, another 5.5; the per-step division is checked
@@ -225,9 +225,9 @@ def test_time_step_reports_seconds_per_step_not_per_round(monkeypatch):
     c, overhead = 1e-4, 5e-3
     for k in (1, 4):
         x = jnp.ones((8, 8))
-        clock = autotune.step_clock(lambda a: (a[0] * 1.0,), (x,), lengths=(2, 10), rotate_bytes=k * x.nbytes)
+        clock = timing.step_clock(lambda a: (a[0] * 1.0,), (x,), lengths=(2, 10), rotate_bytes=k * x.nbytes)
         times = itertools.cycle([2 * k * c + overhead, 10 * k * c + overhead])  # the clock times (short, long)
-        monkeypatch.setattr(autotune, "_median_seconds", lambda f, args, repeats: next(times))
+        monkeypatch.setattr(timing, "_median_seconds", lambda f, args, repeats: next(times))
         assert clock(repeats=3) == pytest.approx(c, rel=1e-9)
 
 
@@ -235,14 +235,14 @@ def test_time_step_measures_again_when_the_longer_chain_is_not_slower(monkeypatc
     """A failed measurement (the longer chain no slower than the shorter) is retried, then reported as NaN, which is
     never the fastest (it was a "0.0 us" row in kernels.py and could have won a tuning)."""
     timings = iter([2.0, 1.0, 1.0, 3.0])  # (short, long) twice: the first pair failed, the second is 2 s apart
-    monkeypatch.setattr(autotune, "_median_seconds", lambda f, args, repeats: next(timings))
+    monkeypatch.setattr(timing, "_median_seconds", lambda f, args, repeats: next(timings))
     x = (jnp.ones((4,)),)
-    assert autotune.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0) == pytest.approx(1.0)
-    monkeypatch.setattr(autotune, "_median_seconds", lambda f, args, repeats: 1.0)
-    assert np.isnan(autotune.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0))
+    assert timing.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0) == pytest.approx(1.0)
+    monkeypatch.setattr(timing, "_median_seconds", lambda f, args, repeats: 1.0)
+    assert np.isnan(timing.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0))
     assert "no time measured" in capsys.readouterr().err
     # kernels.py's clock (and the layout search's) keeps the last difference, as it always did.
-    assert autotune.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0, nan_on_failure=False) == 0.0
+    assert timing.time_step(lambda a: a, x, lengths=(1, 3), rotate_bytes=0, nan_on_failure=False) == 0.0
 
 
 @pytest.mark.parametrize(("s", "h"), [(128, 64), (512, 64), (256, 128), (64, 32)])

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks.kernels import _grads_as_carry, _new_outputs
+from benchmarks.kernels import _new_outputs
+from pallas_kernels.timing import grads_as_carry
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 from pallas_kernels.dropout import seed_from_key
 
@@ -21,7 +22,7 @@ def test_device_time_step_compiles_no_output_copies(rate):
     seed = seed_from_key(k[5])
     args = (x, b, res, s, t)
     fn = lambda *a: bdrln.reference.bias_dropout_residual_layernorm(*a, seed=seed, rate=rate, eps=1e-12)  # noqa: E731
-    fwd_bwd, fwd = _grads_as_carry(fn, 5), (lambda c: (fn(*c),) + tuple(c[1:]))
+    fwd_bwd, fwd = grads_as_carry(fn, 5), (lambda c: (fn(*c),) + tuple(c[1:]))
     # as steps: the forward passes four arguments through, and without dropout d_residual is dx
     assert _copies(fwd, args) == 4
     assert _copies(fwd_bwd, args) == (1 if rate == 0.0 else 0)

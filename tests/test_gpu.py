@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from jaxformer import BertConfig, BertForPreTraining
-from jaxformer.steps import build_model, pretraining_losses
+from jaxformer.losses import pretraining_losses
+from jaxformer.steps import build_model
 
 pytestmark = pytest.mark.gpu
 

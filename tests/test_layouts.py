@@ -161,7 +161,7 @@ def test_encoder_scan_in_another_layout_matches_the_default():
 def test_pallas_kernels_in_another_layout_match_xla():
     """Flash attention (BSNH) between inserted transposes, BDRLN and bias+GELU on SBD/SBF rows (interpret mode)."""
     L = lc.LayoutConfig(x="SBD", qkv="CBNSH", ctx="BNSH", h="SBF")
-    from layouts import layer
+    from jaxformer import layer
     import pallas_kernels.attention as att
     calls = []
     orig = att.sharded_flash_attention_qkv
@@ -268,7 +268,7 @@ def test_solver_inserts_the_transpose_a_fixed_layout_operator_needs():
 # -- the search CLI --------------------------------------------------------------------------------------------------
 
 def test_search_cli_end_to_end_on_the_cpu(tmp_path, capsys):
-    from layouts import search
+    from jaxformer import layout_search as search
     out = tmp_path / "tiny.json"
     rc = search.main(["--config", "tiny", "--seq-len", "16", "--batch-size", "2", "--dtype", "float32",
                       "--kernels", "xla", "--vary", "x", "--repeats", "1", "--lengths", "1,2",
@@ -287,7 +287,7 @@ def test_search_cli_end_to_end_on_the_cpu(tmp_path, capsys):
 def test_pallas_default_qkv_is_the_packed_flash_order():
     # Under the kernels the default qkv (CBSNH) is stored packed BSCNH, which flash attention reads in place; an
     # explicitly configured other order is kept (and transposed to BSCNH in front of the kernels); XLA keeps all.
-    from layouts import layer
-    assert layer.for_kernels(lc.LayoutConfig(), True) == lc.LayoutConfig(qkv="BSCNH")
-    assert layer.for_kernels(lc.LayoutConfig(), False) == lc.LayoutConfig()
-    assert layer.for_kernels(lc.LayoutConfig(qkv="CBNSH", x="SBD"), True) == lc.LayoutConfig(qkv="CBNSH", x="SBD")
+    from jaxformer import layer
+    assert layer.layouts_for(lc.LayoutConfig(), True) == lc.LayoutConfig(qkv="BSCNH")
+    assert layer.layouts_for(lc.LayoutConfig(), False) == lc.LayoutConfig()
+    assert layer.layouts_for(lc.LayoutConfig(qkv="CBNSH", x="SBD"), True) == lc.LayoutConfig(qkv="CBNSH", x="SBD")

@@ -222,7 +222,7 @@ def test_opaque_kernel_runs_per_stage_on_a_pipeline_only_mesh():
     runs on its own stage's devices under the stage vmap. `pure_callback` stands in for a compiled pallas_call here
     (interpret-mode Pallas lowers to ordinary, partitionable ops on the CPU): called bare it makes XLA all-gather
     the stage axis (as the GPU pipeline did: 1200 all-gathers per step, benchmarks/results/distributed-2xh200.md)."""
-    from pallas_kernels._pallas import batch_shard_map
+    from pallas_kernels.mesh import batch_shard_map
 
     def opaque(row_offset, x):
         return jax.pure_callback(np.tanh, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="sequential")

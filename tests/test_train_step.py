@@ -8,7 +8,8 @@ import jax.numpy as jnp
 
 from jaxformer.config import BertConfig, TrainConfig
 from jaxformer.data import synthetic_batch
-from jaxformer.steps import Steps, _forward, build_model, make_optimizer, pretraining_losses
+from jaxformer.losses import pretraining_losses
+from jaxformer.steps import Steps, _forward, build_model, make_optimizer
 
 CFG = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                  max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, kernels="xla")

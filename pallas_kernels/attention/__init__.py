@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import autotune
-from .._pallas import batch_shard_map, resolve_interpret, seed_words
+from .._pallas import resolve_interpret, seed_words
+from ..mesh import batch_shard_map
 from ..softmax import scaled_masked_softmax
 from . import kernel
 from .kernel import BlockSizes, default_block_sizes

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _mgpu, autotune
 from .. import _pallas as pk
+from ..mesh import batch_shard_map
 from .._mgpu import per_shape, resolve_backend
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
@@ -150,7 +151,7 @@ def _fwd(x, bias, residual, scale, shift, seed, rate, eps, interpret, blocks, ke
         return k.forward(x, bias, residual, scale, shift, pk.seed_words(seed, row_offset), rate=rate, eps=eps,
                          interpret=interpret, blocks=blocks_)
 
-    y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(x, residual, bias, scale, shift, seed)
+    y, mean, rstd = batch_shard_map(run, n_batched=2)(x, residual, bias, scale, shift, seed)
     return y, (x, bias, residual, scale, shift, seed, mean, rstd)
 
 
@@ -166,7 +167,7 @@ def _bwd_partials(rate, eps, interpret, blocks, kernels, res, dy):
                                          rate=rate, interpret=interpret, blocks=blocks_)
         return dx, dres, *pk.column_sums(*partials, interpret=interpret)  # (1, D) per shard, one launch
 
-    dx, dres, dscale, dshift, dbias = pk.batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
+    dx, dres, dscale, dshift, dbias = batch_shard_map(run, n_batched=5)(x, residual, mean, rstd, dy, bias, scale,
                                                                             seed)
     if residual is not None and dres is None:
         dres = dx.astype(residual.dtype)  # no dropout: the residual's gradient is dx itself

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _pallas as pk
+from ..mesh import batch_shard_map
 from .. import autotune
 from . import kernel as _k
 from . import kernel_mgpu as _k_mgpu
@@ -112,7 +113,7 @@ def _fwd(x, bias, seed, rate, interpret, blocks, kernels):
         return k.forward(x, bias, pk.seed_words(seed, row_offset), rate=rate, interpret=interpret, blocks=blocks_)
 
     split = dict(head_dims=(1, 0), out_head_dim=1) if rate == 0.0 else {}
-    return pk.batch_shard_map(_drop_offset(run, rate), n_batched=1, **split)(x, bias, seed), (x, bias, seed)
+    return batch_shard_map(_drop_offset(run, rate), n_batched=1, **split)(x, bias, seed), (x, bias, seed)
 
 
 def _bwd(rate, interpret, blocks, kernels, res, dy):
@@ -123,7 +124,7 @@ def _bwd(rate, interpret, blocks, kernels, res, dy):
         return k.backward(x, bias, pk.seed_words(seed, row_offset), dy, rate=rate, interpret=interpret,
                           blocks=blocks_)
 
-    dx, dbias = pk.batch_shard_map(_drop_offset(run, rate), n_batched=2, **_split_f(rate))(x, dy, bias, seed)
+    dx, dbias = batch_shard_map(_drop_offset(run, rate), n_batched=2, **_split_f(rate))(x, dy, bias, seed)
     return dx, jnp.sum(dbias, axis=0).astype(bias.dtype), None
 
 

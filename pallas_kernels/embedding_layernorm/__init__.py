@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _pallas as pk
+from ..mesh import batch_shard_map, current_mesh
 from . import kernel as _k
 from . import reference
 
@@ -45,7 +46,7 @@ def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, s
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
     kw = dict(seed=seed, rate=rate, eps=eps, dtype=dtype)
-    if tables_split(pk.current_mesh()):
+    if tables_split(current_mesh()):
         return reference.embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias,
                                              **kw)
     seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
@@ -71,7 +72,7 @@ def _fwd(ids, types, word, position, token_type, scale, shift, seed, rate, eps, 
                                    out_dtype=dtype, interpret=interpret, blocks=_blocks(blocks, ids, word))
         return y.reshape(*ids.shape, -1), mean.reshape(ids.shape), rstd.reshape(ids.shape)
 
-    y, mean, rstd = pk.batch_shard_map(run, n_batched=2)(ids, types, word, position, token_type, scale, shift, seed)
+    y, mean, rstd = batch_shard_map(run, n_batched=2)(ids, types, word, position, token_type, scale, shift, seed)
     return y, (ids, types, word, position, token_type, scale, shift, seed, mean, rstd)
 
 
@@ -90,7 +91,7 @@ def _bwd(rate, eps, dtype, interpret, blocks, res, dy):
         # per shard: every output split on its leading axis by batch_shard_map, summed over the shards below
         return dh.reshape(batch, seq, d), dscale, dshift, dpos[None], jnp.concatenate(dtypes)[None]
 
-    dh, dscale, dshift, dpos, dtypes = pk.batch_shard_map(run, n_batched=5)(
+    dh, dscale, dshift, dpos, dtypes = batch_shard_map(run, n_batched=5)(
         ids, types, mean, rstd, dy, word, position, token_type, scale, seed)
     # The word table's gradient: jnp.take's transpose (a scatter-add of the rows' float32 gradients; XLA's), as the
     # reference's, in whatever sharding the table and ids have (its forward gather is dead code)

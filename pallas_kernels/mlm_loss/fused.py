@@ -21,7 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .._pallas import batch_shard_map, resolve_interpret
+from .._pallas import resolve_interpret
+from ..mesh import batch_shard_map
 from . import kernel
 from .chunked import _check, mlm_cross_entropy_chunked
 

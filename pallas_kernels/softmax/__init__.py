@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _pallas as pk
+from ..mesh import batch_shard_map
 from . import kernel as _k
 from . import reference
 
@@ -45,7 +46,7 @@ def _fwd(x, mask, seed, rows_per_sequence, scale, rate, interpret, blocks):
         return _k.forward(x, mask, pk.seed_words(seed, row_offset), rows_per_sequence=rows_per_sequence, scale=scale,
                           rate=rate, interpret=interpret, blocks=blocks)
 
-    y, lse = pk.batch_shard_map(run, n_batched=2)(x, mask, seed)
+    y, lse = batch_shard_map(run, n_batched=2)(x, mask, seed)
     return y, (x, mask, seed, lse)
 
 
@@ -56,7 +57,7 @@ def _bwd(rows_per_sequence, scale, rate, interpret, blocks, res, dy):
         return _k.backward(x, mask, pk.seed_words(seed, row_offset), lse, dy, rows_per_sequence=rows_per_sequence,
                            scale=scale, rate=rate, interpret=interpret, blocks=blocks)
 
-    return pk.batch_shard_map(run, n_batched=4)(x, mask, lse, dy, seed), None, None
+    return batch_shard_map(run, n_batched=4)(x, mask, lse, dy, seed), None, None
 
 
 _op.defvjp(_fwd, _bwd)

@@ -1,5 +1,0 @@
-# Session 22, run 4: the dropout scale as a product (keep_scale) in every row-wise kernel, bias+GELU's approx_math
-# (erf's divide from rsqrt.approx): compiled tests, then device time.
-python -m pytest -q -m gpu tests/test_mgpu.py tests/test_kernels.py 2>&1 | tail -3 | tee $OUT/tests.txt
-python benchmarks/gpu_scripts/session22/ab_approx.py 2>&1 | grep -v Warning | tee $OUT/approx.txt
-python benchmarks/gpu_scripts/session21/ab_rowwise.py --ops bdrln --impls triton,mgpu --rates 0.1 2>&1 | grep -v Warning | tee $OUT/rowwise.txt

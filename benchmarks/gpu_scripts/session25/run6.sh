@@ -1,3 +1,0 @@
-# Session 25, run 6 (H200): every GPU test of the kernels on the final tree.
-python -m pytest -q -m gpu tests/test_mgpu.py tests/test_kernels.py tests/test_autotune.py tests/test_gpu.py 2>&1 \
-  | tail -3 | tee $OUT/tests.txt

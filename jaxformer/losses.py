@@ -1,0 +1,40 @@
+"""The pre-training losses: masked-language-model cross-entropy and next-sentence prediction, in float32."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def nll_and_predictions(logits, labels):
+    """(..., V) logits and (...) labels -> float32 nll (...) and int32 argmax predictions (...). On logits split over
+    V (the model's tensor-parallel path) GSPMD turns the logsumexp, the label pick and the argmax into local work
+    plus all-reduces of one number per row: a vocabulary-parallel cross-entropy."""
+    logits = logits.astype(jnp.float32)
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return logz - label_logit, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32).
+    `out` carries either the MLM head's per-position `mlm_nll` and `mlm_predictions` (the model called with
+    `masked_labels`, as the steps do) or its logits."""
+    labels, weights = batch["masked_labels"], batch["masked_weights"]
+    if getattr(out, "mlm_nll", None) is not None:
+        nll, pred = out.mlm_nll, out.mlm_predictions
+    else:
+        # The padded logits (their extra columns at float32's min add nothing), split over `tensor` on V.
+        padded = getattr(out, "padded_mlm_logits", None)
+        nll, pred = nll_and_predictions(out.mlm_logits if padded is None else padded, labels)
+    n_masked = jnp.maximum(jnp.sum(weights), 1.0)
+    mlm_loss = jnp.sum(nll * weights) / n_masked
+    mlm_correct = jnp.sum((pred == labels) * weights)
+    nsp_logits = out.nsp_logits.astype(jnp.float32)
+    nsp_loss = jnp.mean(jax.nn.logsumexp(nsp_logits, -1)
+                        - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0])
+    nsp_correct = jnp.sum(jnp.argmax(nsp_logits, -1) == batch["nsp_labels"])
+    metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
+                   mlm_correct=mlm_correct, n_masked=jnp.sum(weights), nsp_correct=nsp_correct,
+                   n_seq=jnp.asarray(labels.shape[0], jnp.float32))
+    return mlm_loss + nsp_loss, metrics
