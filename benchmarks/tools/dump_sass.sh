@@ -6,8 +6,12 @@
 # overrides /usr/local/cuda/bin/ptxas) and nvdisasm on PATH (e.g. PyPI's nvidia-cuda-nvdisasm wheel). Count the
 # instructions with `python benchmarks/tools/sass_counts.py` on the unpacked directories.
 set -uo pipefail
-if [ $# -lt 3 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+if [ $# -lt 3 ]; then
+  echo "usage: bash benchmarks/tools/dump_sass.sh OUTDIR RATES KERNEL@RxD... (--help for more)" >&2
   exit 2
 fi
 out=$1; rates=$2; shift 2
