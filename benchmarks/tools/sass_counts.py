@@ -1,9 +1,9 @@
-"""Session 24: instructions per basic block of `nvdisasm -c` listings (`dump_sass.sh`): for each .sass file under
-the directories given, its total and, for each block of more than `--min` instructions, the count and the opcode
+"""Instructions per basic block of `nvdisasm -c` listings (from `dump_sass.sh`): for each .sass file under the
+directories given, its total and, for each block of more than `--min` instructions, the count and the opcode
 histogram. The main loop is the largest block; divided by the elements each thread handles per step it gives the
-instructions per element quoted in benchmarks/results/kernels-h200.md, "Session 24", 1 and 9.
+instructions per element (benchmarks/results/kernels-h200.md, bias+GELU). Needs only Python.
 
-    python benchmarks/gpu_scripts/session24/sass_counts.py DIR... [--min 60]
+    python benchmarks/tools/sass_counts.py DIR... [--min 60]
 """
 import argparse
 import collections
@@ -27,9 +27,9 @@ def blocks(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dirs", nargs="+")
-    ap.add_argument("--min", type=int, default=60)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+", help="directories holding .sass listings")
+    ap.add_argument("--min", type=int, default=60, help="list blocks of more than this many instructions")
     a = ap.parse_args()
     for d in a.dirs:
         for f in sorted(pathlib.Path(d).rglob("*.sass")):

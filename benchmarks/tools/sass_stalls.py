@@ -1,19 +1,23 @@
-"""Session 26: read ncu's per-instruction stall samples (`ncu -i REP --page source --csv --print-source sass`, the
-SourceCounters section): the stall reasons' shares over the kernel, and the instructions with the most samples of
-one reason, with a few instructions of context before each.
+r"""Where a kernel stalls, per SASS instruction: reads ncu's per-instruction warp-stall samples and prints the
+stall reasons' shares over the kernel, then the instructions with the most samples of one reason (with
+`--context` instructions before each). Needs only Python; the CSV comes from Nsight Compute on the GPU machine, e.g.
+for BDRLN's Mosaic GPU backward run once by `dump_kernels.py`:
 
-    python benchmarks/gpu_scripts/session26/sass_stalls.py logs/run2/bwd1024_sass.csv [--reason stall_long_sb] [--top 8]
+    PYTHONPATH=. ncu --clock-control none -k regex:bdrln_bwd --section SourceCounters -o bwd \
+        python benchmarks/tools/dump_kernels.py 0.1 ln_bwd@8192x1024
+    ncu -i bwd.ncu-rep --page source --csv --print-source sass > bwd.csv
+    python benchmarks/tools/sass_stalls.py bwd.csv [--reason stall_long_sb] [--top 8] [--context 3]
 """
 import argparse
 import csv
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
-    ap.add_argument("--reason", default="stall_long_sb")
-    ap.add_argument("--top", type=int, default=8)
-    ap.add_argument("--context", type=int, default=0)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", help="ncu's source page as CSV (--page source --csv --print-source sass)")
+    ap.add_argument("--reason", default="stall_long_sb", help="the stall reason whose top instructions to list")
+    ap.add_argument("--top", type=int, default=8, help="instructions listed")
+    ap.add_argument("--context", type=int, default=0, help="instructions shown before each listed one")
     a = ap.parse_args()
     rows = list(csv.reader(open(a.csv)))
     hdr = rows[1]
