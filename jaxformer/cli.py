@@ -103,7 +103,7 @@ def _add(group, f: dataclasses.Field, default: Any) -> None:
     group.add_argument(_name(f), **kw)
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """The description as written; each valued flag's help ends with its default (switches and None defaults
     say theirs in the help text)."""
 
@@ -128,7 +128,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, only=None, defaults: dict[st
 
 def parser(cls, prog: str, description: str | None = None) -> argparse.ArgumentParser:
     """An argument parser of every flag field of `cls`, grouped."""
-    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter)
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
     add_flags(p, cls)
     return p
 
