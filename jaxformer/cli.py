@@ -87,7 +87,7 @@ def _type(f: dataclasses.Field):
 
 def _add(group, f: dataclasses.Field, default: Any) -> None:
     m = f.metadata
-    kw: dict[str, Any] = dict(dest=f.name, default=default, help=m["help"])
+    kw: dict[str, Any] = dict(dest=f.name, default=default, help=m["help"].replace("%", "%%"))  # argparse's %
     if _is_bool(f):
         if m.get("negatable"):
             kw["action"] = argparse.BooleanOptionalAction
@@ -135,7 +135,7 @@ def parser(cls, prog: str, description: str | None = None) -> argparse.ArgumentP
 
 # ----------------------------------------------------------------------------------------------- docs/cli.md
 def _cell(text: str) -> str:
-    return text.replace("%%", "%").replace("|", "\\|").replace("<", "\\<")
+    return text.replace("|", "\\|").replace("<", "\\<")
 
 
 def _row(f: dataclasses.Field) -> str:

@@ -261,6 +261,7 @@ DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 XLA_OPT_LEVELS = ("auto", "default", "O0", "O1", "O2", "O3")
 XLA_GEMMS = ("auto", "xla", "cublas")  # TrainConfig.xla_gemm (steps.Steps.compiler_options)
 
+
 def parse_span(text: str) -> tuple[int, int]:
     """"A:B" -> (A, B): the `--profile-steps` form."""
     try:
@@ -292,7 +293,7 @@ class TrainConfig:
     vocab_size: int | None = flag(None, "data", "size of the tokenizer to train (default 4096); with --vocab, must "
                                   "match it")
     seq_len: int = flag(128, "data", "tokens per sequence")
-    max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15%% of --seq-len)")
+    max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15% of --seq-len)")
 
     # -- optimisation
     batch_size: int = flag(32, "optimisation", "global batch size (sequences per step)")
@@ -343,7 +344,7 @@ class TrainConfig:
     remat: str = flag("none", "performance", "recompute layer activations in the backward pass to save memory",
                       choices=REMAT_POLICIES)
     scan_layers: bool = flag(False, "performance", "run the encoder layers in one lax.scan (compiles ~4x faster for "
-                             "BERT-large, steps 20-28%% slower) instead of a loop over them", negatable=True)
+                             "BERT-large, steps 20-28% slower) instead of a loop over them", negatable=True)
     layouts: str = flag("default", "performance", "stored order of the encoder layer's activations: a JSON file "
                         "written by `python -m jaxformer.layout_search`, or a built-in name (README, Layouts)",
                         metavar="FILE")
