@@ -1,8 +1,9 @@
 """Does XLA overlap a data-parallel gradient all-reduce with the backward layer loop when it is given something to
-overlap with? A prototype on a stack of BERT-large feed-forward blocks, before building it into the model.
+overlap with? Measured on a stack of BERT-large feed-forward blocks, outside the model.
 
 The train step's layer-weight all-reduce sits at the end of each backward trip with nothing left in the trip to hide
-it (benchmarks/results/distributed-2xh200.md, session 4). Two gradient computations of the same loss:
+it (benchmarks/results/distributed-2xh200.md, where the data-parallel gap is). Two gradient computations of the same
+loss:
 
 * `gspmd`: `jax.grad` through `lax.scan` on batch-sharded activations; GSPMD all-reduces each layer's weight
   gradient inside its trip (what the train step does).

@@ -1,8 +1,13 @@
-"""Configuration dataclasses.
+"""Configuration dataclasses: `BertConfig` (the model), `MeshConfig` (the device mesh) and `TrainConfig` (a run).
 
 `BertConfig` uses Hugging Face's field names and meanings (so a `config.json` maps onto it one to one) plus the
 numeric and implementation choices of this project: compute `dtype`, `param_dtype`, which `kernels` implement the
-memory-bound operators, and `remat`.
+memory-bound operators, `remat`, `layouts` and `scan_layers`.
+
+`TrainConfig` is everything `python train.py` takes. Each of its fields is declared with `flag(...)`, which carries
+the flag's group, help text and argparse extras as field metadata: `jaxformer.cli` builds train.py's command line
+and the table in docs/cli.md from them, so a new option is one field here. Every check of a value lives in the
+dataclasses' `__post_init__` and raises ValueError naming the field and the value.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import jax.numpy as jnp
 
 from layouts import config as _layouts
 from pallas_kernels.mesh import MESH_AXES
+
+from .cli import flag
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 KERNELS = ("auto", "xla", "pallas")
@@ -61,14 +68,11 @@ class BertConfig:
     * `layouts`: the stored order of each encoder-layer activation: `"default"` (today's BSD/CBSNH/BNST/BSNH/BSF),
       a built-in name, a JSON file path (as written by `python -m jaxformer.layout_search`) or a `layouts.LayoutConfig`.
     * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
-      layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). `True`/`False`
-      mean `"full"`/`"none"`.
+      layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work).
     * `scan_layers`: `True` runs the encoder layers in one `jax.lax.scan` (compile time independent of depth),
-      `False` (the default) in a Python loop over slices of the stacked parameters. The scan stacks every layer's
-      saved activations into (L, ...) buffers that XLA zero-fills and copies in and out layer by layer: BERT-large's
-      train step with the loop is 20-28% faster on one H200 and on every 2-GPU mesh measured (data, FSDP, tensor
-      parallel), with less memory, for a compile ~4x slower (45-60 s vs 10-20 s; benchmarks/results/train-h200.md,
-      session 12, and distributed-2xh200.md, session 13). `None` (the old "auto") means `False`.
+      `False` (the default) in a Python loop over slices of the stacked parameters. The scan's stacked (L, ...)
+      activation buffers make BERT-large's step 20-28% slower on one and two GPUs, for a compile ~4x faster
+      (benchmarks/results/train-h200.md and distributed-2xh200.md, the encoder layers in a loop).
 
     Dtypes may be given as strings or dtypes (`dtype=jnp.float32`); they are stored as their names.
     """
@@ -87,7 +91,7 @@ class BertConfig:
     dtype: Any = "bfloat16"
     param_dtype: Any = "float32"
     kernels: str = "auto"
-    remat: Any = "none"
+    remat: str = "none"
     layouts: Any = "default"
     scan_layers: bool = False
 
@@ -110,13 +114,8 @@ class BertConfig:
         object.__setattr__(self, "param_dtype", _dtype_name("param_dtype", self.param_dtype))
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels={self.kernels!r} must be one of {KERNELS}")
-        remat = {True: "full", False: "none", None: "none"}.get(self.remat, self.remat) \
-            if isinstance(self.remat, (bool, type(None))) else self.remat
-        if remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={self.remat!r} must be one of {REMAT_POLICIES} (or a bool)")
-        object.__setattr__(self, "remat", remat)
-        if self.scan_layers is None:  # the old "auto" (configs saved before session 13): now the loop everywhere
-            object.__setattr__(self, "scan_layers", False)
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r} must be one of {REMAT_POLICIES}")
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"scan_layers={self.scan_layers!r} must be True or False")
         # A name, a JSON path or a LayoutConfig; a dict (from `to_dict`) becomes a LayoutConfig. Checked here, before
@@ -178,10 +177,11 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
+        """The inverse of `to_dict`."""
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown BertConfig field(s) {sorted(unknown)}")
+        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,73 +254,116 @@ class MeshConfig:
         return ",".join(f"{a}={getattr(self, a)}" for a in MESH_AXES)
 
 
+# ----------------------------------------------------------------------------------------------- a training run
 OPTIMIZERS = ("adamw", "lamb")
-DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 SCHEDULES = ("linear", "polynomial")
-
-
+DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 XLA_OPT_LEVELS = ("auto", "default", "O0", "O1", "O2", "O3")
 XLA_GEMMS = ("auto", "xla", "cublas")  # TrainConfig.xla_gemm (steps.Steps.compiler_options)
 
 
-@dataclasses.dataclass(frozen=True)
+def parse_span(text: str) -> tuple[int, int]:
+    """"A:B" -> (A, B): the `--profile-steps` form."""
+    try:
+        a, b = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ValueError(f"{text!r}: expected A:B, e.g. 10:15") from None
+    return a, b
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything `python train.py` takes, with the command line's names and defaults.
+    """Everything `python train.py` takes, with the command line's names and defaults (flags: docs/cli.md).
 
     `batch_size` is global (over all devices); `dropout` overrides both dropout probabilities of the model when
     set (0 makes a run deterministic); `out=None` means `runs/<timestamp>`.
     """
 
-    config: str = "tiny"
-    data: tuple[str, ...] | None = None
-    vocab: str | None = None
-    vocab_size: int | None = None
-    seq_len: int = 128
-    max_predictions: int | None = None
-    batch_size: int = 32
-    steps: int = 600
-    lr: float | None = None  # None: the preset's default (DEFAULT_LR)
-    warmup_steps: int = 60
-    schedule: str = "linear"
-    optimizer: str = "adamw"
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    dropout: float | None = None
-    seed: int = 0
-    out: str | None = None
-    resume: bool = False
-    eval_every: int = 200
-    eval_batches: int = 20
-    save_every: int = 200
-    log_every: int = 20
-    kernels: str = "auto"
-    dtype: str = "bfloat16"
-    remat: str = "none"
-    scan_layers: bool = False  # BertConfig.scan_layers: the layers in one lax.scan instead of a loop
-    layouts: str = "default"  # BertConfig.layouts: a built-in name or a JSON file (python -m jaxformer.layout_search)
-    profile_steps: tuple[int, int] | None = None
-    dump_hlo: bool = False
-    progress: bool = True
-    mesh: str = "data=-1"  # MeshConfig.parse text; the default puts every device on data parallelism
-    microbatches: int = 1  # per step, for the pipeline schedule (jaxformer.pipeline)
-    pipeline_repeats: int = 1  # layer chunks per pipeline stage (circular schedule)
-    sequence_parallel: bool = False  # split the residual stream's S over `tensor` between blocks (jaxformer.sharding)
-    xla_opt_level: str = "auto"  # XLA's optimization level for the train step (steps.Steps.optimization_level)
-    xla_gemm: str = "auto"  # GEMMs on a GPU: XLA's choice, cuBLAS only, or auto (steps.AUTO_XLA_GEMM)
-    # Multi-process runs (jaxformer.distributed): None falls back to $JAXFORMER_*, then SLURM, then one process.
-    coordinator: str | None = None  # HOST:PORT of process 0's coordination service
-    num_processes: int | None = None
-    process_id: int | None = None
+    # -- model
+    config: str = flag("tiny", "model", "model preset: " + ", ".join(_PRESETS))
+    dropout: float | None = flag(None, "model", "overrides both dropout probabilities (0 makes a run "
+                                 "deterministic); default: the preset's 0.1")
+    dtype: str = flag("bfloat16", "model", "compute dtype: bfloat16, float32 or float16 (parameters stay float32)")
+
+    # -- data
+    data: tuple[str, ...] | None = flag(None, "data", "corpus: file(s), directory or glob of BERT-format text or "
+                                        ".jsonl; default: built-in corpus", nargs="+", metavar="PATH")
+    vocab: str | None = flag(None, "data", "BERT vocab.txt or tokenizer.json; default: train a WordPiece tokenizer "
+                             "on the corpus (saved as <out>/tokenizer.json)", metavar="FILE")
+    vocab_size: int | None = flag(None, "data", "size of the tokenizer to train (default 4096); with --vocab, must "
+                                  "match it")
+    seq_len: int = flag(128, "data", "tokens per sequence")
+    max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15% of --seq-len)")
+
+    # -- optimisation
+    batch_size: int = flag(32, "optimisation", "global batch size (sequences per step)")
+    steps: int = flag(600, "optimisation", "total training steps")
+    lr: float | None = flag(None, "optimisation", "peak learning rate (default per preset: "
+                            + ", ".join(f"{k} {v:.0e}".replace("e-0", "e-") for k, v in DEFAULT_LR.items()) + ")")
+    warmup_steps: int = flag(60, "optimisation", "linear warm-up steps")
+    schedule: str = flag("linear", "optimisation", "decay after warm-up", choices=SCHEDULES)
+    optimizer: str = flag("adamw", "optimisation", "optimizer", choices=OPTIMIZERS)
+    weight_decay: float = flag(0.01, "optimisation", "decoupled weight decay (not on biases and layernorm "
+                               "parameters)")
+    clip_norm: float = flag(1.0, "optimisation", "clip gradients to this global norm (0: off)")
+
+    # -- run
+    seed: int = flag(0, "run", "seed of initialisation, data order, masking and dropout")
+    out: str | None = flag(None, "run", "output directory (default runs/<timestamp>)", metavar="DIR")
+    resume: bool = flag(False, "run", "continue from the latest checkpoint in --out (default: the most recent run "
+                        "under runs/)")
+    eval_every: int = flag(200, "run", "evaluate on the held-out split every N steps")
+    eval_batches: int = flag(20, "run", "held-out batches per evaluation")
+    save_every: int = flag(200, "run", "checkpoint every N steps (and at the end)")
+    log_every: int = flag(20, "run", "write metrics every N steps")
+    progress: bool = flag(True, "run", "no progress bar (logs only)", flag="--no-progress")
+    profile_steps: tuple[int, int] | None = flag(None, "run", "write a jax.profiler trace of steps A..B-1 to "
+                                                 "<out>/profile", type=parse_span, metavar="A:B")
+    dump_hlo: bool = flag(False, "run", "write the optimized HLO of the train step to <out>")
+
+    # -- mesh and distributed
+    mesh: str = flag("data=-1", "mesh", "device mesh, e.g. data=2,tensor=4: axes data, fsdp (ZeRO-3), tensor "
+                     "(Megatron), pipeline; an axis left out has size 1, one may be -1 (the rest); see README, "
+                     "Distributed training")
+    microbatches: int = flag(1, "mesh", "microbatches per step (pipeline schedule)")
+    pipeline_repeats: int = flag(1, "mesh", "layer chunks per pipeline stage (circular pipeline schedule)")
+    sequence_parallel: bool = flag(False, "mesh", "with tensor > 1: split the residual stream's sequence axis over "
+                                   "`tensor` between blocks (Megatron sequence parallelism; runs the XLA kernels)")
+    # None falls back to $JAXFORMER_*, then a SLURM step, then one process (jaxformer.distributed).
+    coordinator: str | None = flag(None, "mesh", "multi-process run: address of process 0's coordinator (default: "
+                                   "$JAXFORMER_COORDINATOR; none and no SLURM step: one process); see README, "
+                                   "Multi-host", metavar="HOST:PORT")
+    num_processes: int | None = flag(None, "mesh", "multi-process run: number of processes (default: "
+                                     "$JAXFORMER_NUM_PROCESSES)")
+    process_id: int | None = flag(None, "mesh", "multi-process run: this process's index, 0 .. N-1 (default: "
+                                  "$JAXFORMER_PROCESS_ID)")
+
+    # -- performance (how a step runs, not what it computes: a resumed run may change these)
+    kernels: str = flag("auto", "performance", "implementation of the fused operators: auto = pallas on a GPU, xla "
+                        "elsewhere (see jaxformer/ops.py)", choices=KERNELS)
+    remat: str = flag("none", "performance", "recompute layer activations in the backward pass to save memory",
+                      choices=REMAT_POLICIES)
+    scan_layers: bool = flag(False, "performance", "run the encoder layers in one lax.scan (compiles ~4x faster for "
+                             "BERT-large, steps 20-28% slower) instead of a loop over them", negatable=True)
+    layouts: str = flag("default", "performance", "stored order of the encoder layer's activations: a JSON file "
+                        "written by `python -m jaxformer.layout_search`, or a built-in name (README, Layouts)",
+                        metavar="FILE")
+    xla_opt_level: str = flag("auto", "performance", "XLA's optimization level for the train step; auto: O2 with "
+                              "data or fsdp > 1 (measured faster there), JAX's default otherwise",
+                              choices=XLA_OPT_LEVELS)
+    xla_gemm: str = flag("auto", "performance", "who runs the GEMMs on a GPU: xla (XLA's choice per GEMM, Triton or "
+                         "cuBLAS), cublas (XLA's Triton GEMMs off); auto: cublas on one device (measured faster "
+                         "with the kernels, equal without), xla on a mesh of several devices", choices=XLA_GEMMS)
 
     def __post_init__(self):
         if isinstance(self.data, (list, str)):
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str) else tuple(self.data))
         _require_positive_ints(self, ("seq_len", "batch_size", "steps", "eval_every", "save_every", "log_every",
                                       "eval_batches", "microbatches", "pipeline_repeats"))
-        if self.xla_opt_level not in XLA_OPT_LEVELS:
-            raise ValueError(f"xla_opt_level={self.xla_opt_level!r} must be one of {XLA_OPT_LEVELS}")
-        if self.xla_gemm not in XLA_GEMMS:
-            raise ValueError(f"xla_gemm={self.xla_gemm!r} must be one of {XLA_GEMMS}")
+        for field, choices in (("schedule", SCHEDULES), ("optimizer", OPTIMIZERS),
+                               ("xla_opt_level", XLA_OPT_LEVELS), ("xla_gemm", XLA_GEMMS)):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{field}={getattr(self, field)!r} must be one of {choices}")
         MeshConfig.parse(self.mesh)  # syntax only: sizes against devices and model are `sharding.validate`'s job
         if self.seq_len < 8:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")
@@ -328,18 +371,17 @@ class TrainConfig:
         if not max_predictions_ok(self.max_predictions, self.seq_len):
             raise ValueError(f"max_predictions={self.max_predictions!r} must be an integer in [1, seq_len - 3] "
                              f"(seq_len={self.seq_len}: [CLS] and two [SEP] are never masked)")
+        if self.vocab_size is not None:
+            _require_positive_ints(self, ("vocab_size",))
         if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):
             raise ValueError(f"warmup_steps={self.warmup_steps!r} must be a non-negative integer")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr!r} must be a positive number")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r} must be a probability in [0, 1)")
-        if self.weight_decay < 0 or self.clip_norm < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} and clip_norm={self.clip_norm} must be >= 0")
+        for field in ("weight_decay", "clip_norm"):
+            if not getattr(self, field) >= 0:
+                raise ValueError(f"{field}={getattr(self, field)!r} must be >= 0")
         if self.seed < 0:
             raise ValueError(f"seed={self.seed} must be >= 0")
         if self.profile_steps is not None:

@@ -94,7 +94,7 @@ def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, _Array]]:
         for f in files:
             tensors.update(load_file(str(f)))
     elif torch_bin.is_file():
-        import torch  # only for the legacy pickle format, and never executing code from it
+        import torch  # only for pytorch_model.bin (a pickle), loaded without executing code from it
 
         state = torch.load(str(torch_bin), map_location="cpu", weights_only=True)
         tensors = {k: v.float().numpy() for k, v in state.items()}

@@ -152,19 +152,17 @@ def compare_report(a: str, ra: Report, b: str, rb: Report) -> str:
     return "\n".join(lines)
 
 
+# train.py's flags that shape the compiled step, with their help from TrainConfig (defaults: a small step).
+SHARED_FLAGS = ("config", "seq_len", "batch_size", "kernels", "dtype", "remat", "scan_layers", "layouts",
+                "microbatches", "pipeline_repeats")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    from .cli import HelpFormatter, add_flags
+    from .config import TrainConfig
     p = argparse.ArgumentParser(prog="python -m jaxformer.hlo_report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="tiny", help="model preset: tiny, mini, base, large")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    p.add_argument("--batch-size", type=int, default=8, help="global batch size (sequences per step)")
-    p.add_argument("--kernels", choices=("auto", "xla", "pallas"), default="xla", help="fused-operator kernels")
-    p.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float32 or float16")
-    p.add_argument("--remat", choices=("none", "full", "dots"), default="none", help="layer rematerialisation")
-    p.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=False,
-                   help="the encoder layers in one lax.scan or a loop (BertConfig.scan_layers; default: the loop)")
-    p.add_argument("--layouts", default="default", metavar="FILE",
-                   help="activation layouts: a JSON file from `python -m jaxformer.layout_search` or a built-in name")
+                                formatter_class=HelpFormatter)
+    add_flags(p, TrainConfig, only=SHARED_FLAGS, defaults=dict(batch_size=8, kernels="xla"))
     p.add_argument("--forward-only", action="store_true", help="the model's forward (eval) instead of a train step")
     p.add_argument("--top", type=int, default=15, help="how many operators to list by bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -174,8 +172,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, nargs="?", const=5, default=None, metavar="STEPS",
                    help="run the train step for real, STEPS (default 5) of them under the profiler, and add each "
                         "class's measured share of runtime (use on a GPU; builds the whole model)")
-    p.add_argument("--microbatches", type=int, default=1, help="pipeline microbatches, as train.py")
-    p.add_argument("--pipeline-repeats", type=int, default=1, help="circular pipeline repeats, as train.py")
     p.add_argument("--mesh", default=None,
                    help="compile the step sharded on this device mesh, as train.py --mesh (e.g. data=2,tensor=4); on "
                         "a CPU the mesh's size of virtual CPU devices is made; default: one device, no mesh")

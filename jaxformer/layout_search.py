@@ -1,14 +1,14 @@
 """Global layout search for the encoder layer: time every operator in every candidate layout, solve a shortest path.
 
-    python -m jaxformer.layout_search --config large --seq-len 128 --batch-size 64 [--kernels xla|pallas] [--dtype bfloat16]
-                             [--out PATH] [--quick] [--max-candidates K] [--repeats R]
+    python -m jaxformer.layout_search --config large --seq-len 128 --batch-size 64 [--kernels xla|pallas]
+        [--dtype bfloat16] [--out PATH] [--quick] [--max-candidates K] [--repeats R]
 
 Ivanov et al. (MLSys 2021) chose the stored order of every activation globally: each operator is timed (forward +
 backward) in each combination of its inputs' and outputs' layouts, and the cheapest sequence of configurations,
 transposes included, is a shortest path over (operator position, layouts of the live tensors): `layouts/solver.py`.
-The operators are the very functions the model runs (`jaxformer/layer.py`), timed the way `benchmarks/kernels.py`
-times kernels (chained iterations inside one jit with an optimization barrier, two run lengths, median of repeats;
-its helpers are reused). The result is written as a `LayoutConfig` JSON file (default
+The operators are the very functions the model runs (`jaxformer/layer.py`), timed by `pallas_kernels.timing`, the
+clock of the kernel benchmarks (chained iterations inside one jit with an optimization barrier, two run lengths,
+median of repeats; jaxformer/layout_timing.py). The result is written as a `LayoutConfig` JSON file (default
 `layouts/configs/<gpu>-<preset>-s<seq>.json`, loadable by name or path: `BertConfig(layouts=...)`, `train.py
 --layouts`), and the whole encoder layer (forward + backward) is timed in the chosen and in the default layouts.
 
@@ -99,15 +99,18 @@ def slug(text: str) -> str:
 
 
 def parse_args(argv=None):
+    from .cli import HelpFormatter, add_flags
+    from .config import TrainConfig
     p = argparse.ArgumentParser(prog="python -m jaxformer.layout_search", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="large", help="model preset: tiny, mini, base, large")
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=64)
+                                formatter_class=HelpFormatter)
+    # train.py's flags for the model's shapes (help from TrainConfig; defaults: BERT-large, batch 64)
+    add_flags(p, TrainConfig, only=("config", "seq_len", "batch_size", "dtype"),
+              defaults=dict(config="large", batch_size=64))
     p.add_argument("--kernels", choices=("xla", "pallas"), default=None,
-                   help="default: pallas on a GPU, xla elsewhere (as kernels='auto')")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--out", default=None, help="default: layouts/configs/<gpu>-<preset>-s<seq>.json")
+                   help="which kernels' operators to time; default: pallas on a GPU, xla elsewhere (as "
+                        "kernels='auto')")
+    p.add_argument("--out", default=None, help="the LayoutConfig JSON file to write; default: "
+                   "layouts/configs/<gpu>-<preset>-s<seq>.json")
     p.add_argument("--max-candidates", type=int, default=None,
                    help="try only the first K candidates of each tensor (the default layout is always first)")
     p.add_argument("--vary", default=",".join(lc.LOGICAL),

@@ -104,7 +104,8 @@ class Encoder(nnx.Module):
         else:  # layer by layer on slices of the stacked parameters: no stacked residual buffers (BertConfig)
             # One `lax.split` per parameter, not L slices: the gradient is then one concatenate of the L layers'
             # gradients; L slices transpose to L zero-pads summed, which XLA left as a 24-way pad+add chain fused
-            # into the gradient norm (2.3 ms of BERT-large's 37 ms step: train-h200.md, session 13).
+            # into the gradient norm (2.3 ms of BERT-large's 37 ms step: benchmarks/results/train-h200.md, the layer
+            # loop's gradients).
             leaves, treedef = jax.tree.flatten(state)
             parts = [jax.lax.split(a, [1] * cfg.num_hidden_layers) for a in leaves]
             for index in range(cfg.num_hidden_layers):

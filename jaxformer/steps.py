@@ -1,8 +1,10 @@
-"""The train state, the optimizer, the pre-training losses and the jit-compiled train and eval steps (`Steps`).
+"""The train state, the optimizer and the jit-compiled train and eval steps (`Steps`).
 
-A batch's path through one step: `Steps.train_step` (one jit: forward, MLM + NSP losses, gradients, optax update)
--> `TrainState`. The state holds the float32 parameters as a plain dict, the optimizer state, the step and the
-dropout key, so it checkpoints as one pytree. The loop that feeds the steps is `jaxformer.trainer`.
+One train step, `Steps._train_step` under one jit: the model's forward (`jaxformer.model`), the MLM + NSP losses
+(`jaxformer.losses`), `jax.value_and_grad`, then `tx.update` and `optax.apply_updates` with the optimizer of
+`make_optimizer` (clipping, then AdamW or LAMB on the warm-up/decay schedule) -> the next `TrainState`. The state
+holds the float32 parameters as a plain dict, the optimizer state, the step and the dropout key, so it checkpoints
+as one pytree. The loop that feeds the steps is jaxformer/loop.py; the run around it jaxformer/trainer.py.
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ from .model import BertForPreTraining
 from .pipeline import Pipeline
 
 
-# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options), by where the steps run. One device: cuBLAS only,
-# measured faster in a same-machine-session A/B (session 16, BERT-large, H200, benchmarks/results/train-h200.md):
-# kernels=pallas S=512 39.8-40.0 vs 41.1-41.2 ms, S=128 35.8 vs 36.4 ms; kernels=xla equal (S=128 50.15 vs 50.22 ms,
-# S=512 65.67 vs 65.70 at session 14). Several devices: XLA's own choice, the meshes not measured with cuBLAS only
-# (session 6 found cuBLAS 5-7% slower there, at older code).
+# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options). One device: cuBLAS only, faster with the Pallas
+# kernels and equal without; several devices: XLA's own choice, cuBLAS only not measured faster on a mesh
+# (benchmarks/results/train-h200.md, `--xla-gemm auto`).
 AUTO_XLA_GEMM = {"one device": "cublas", "several devices": "xla"}
 
 
@@ -111,8 +111,7 @@ class _Traced:
 
 
 # XLA's optimization level for a batch-parallel train step under `xla_opt_level="auto"` (`Steps.optimization_level`):
-# measured on 2 H200s, FSDP 59.13 -> 55.96 ms/step, data=2 at S=512 65.98 -> 64.86 ms and at S=128 (O1, O3) about
-# -1%; one GPU unchanged (benchmarks/results/distributed-2xh200.md).
+# 1-5% faster on 2 GPUs with data or fsdp, no change on one (benchmarks/results/distributed-2xh200.md, XLA's knobs).
 BATCH_PARALLEL_OPT_LEVEL = "O2"
 
 
@@ -226,13 +225,11 @@ class Steps:
     def _compute_copy(self, params):
         """`params` with the encoder's stacked weight tensors (L + 2 or more axes) already in the compute dtype.
 
-        The layers cast these weights to the compute dtype at use anyway, so their gradients come out of the bf16
-        GEMMs in bf16; differentiating with respect to the cast copy keeps them there until after the loop
-        (bit-identical gradients on one device, tests/test_train_step.py) and halves the scan's per-layer weight
-        reads and gradient writes: BERT-large on an H200 +1.2% (S=128) / +1.7% (S=512) seq/s. Predicted to halve
-        the data-parallel gradient all-reduce too; measured no change there (benchmarks/results/
-        distributed-2xh200.md). Not with pipeline microbatches, whose weight gradients accumulate over
-        microbatches (kept in float32 there). The optimizer sees float32."""
+        The layers cast these weights at use anyway; differentiating with respect to the cast copy keeps their
+        gradients in bf16 until after the layer loop (bit-identical on one device, tests/test_train_step.py) and
+        halves the loop's weight reads and gradient writes (BERT-large +1.2-1.7% seq/s on an H200:
+        benchmarks/results/distributed-2xh200.md, gradients through a bf16 copy). Not with pipeline microbatches,
+        whose weight gradients accumulate in float32. The optimizer sees float32."""
         dt = self.compute_dtype
         if self.pipeline is not None or dt == jnp.float32:
             return params

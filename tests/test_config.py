@@ -1,3 +1,8 @@
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -16,9 +21,8 @@ def test_presets(name, layers, hidden, heads, ff):
 
 
 def test_overrides_and_dtype_normalisation():
-    cfg = BertConfig.preset("tiny", vocab_size=1000, dtype=jnp.float32, remat=True)
+    cfg = BertConfig.preset("tiny", vocab_size=1000, dtype=jnp.float32, remat="full")
     assert cfg.vocab_size == 1000 and cfg.dtype == "float32" and cfg.compute_dtype == jnp.float32
-    assert cfg.remat == "full"
     assert BertConfig.from_dict(cfg.to_dict()) == cfg
 
 
@@ -35,6 +39,8 @@ def test_overrides_and_dtype_normalisation():
     (dict(kernels="cuda"), "kernels='cuda'"),
     (dict(remat="some"), "remat='some'"),
     (dict(scan_layers="yes"), "scan_layers='yes'"),
+    (dict(scan_layers=None), "scan_layers=None"),
+    (dict(remat=True), "remat=True"),
     (dict(layer_norm_eps=0.0), "layer_norm_eps=0.0"),
 ])
 def test_invalid_values_name_field_and_value(kwargs, needle):
@@ -76,3 +82,83 @@ def test_train_config_xla_gemm_and_its_compiler_options(monkeypatch):
     # auto: cuBLAS only on one device (no mesh, or a mesh of one), XLA's choice on a mesh of several devices
     assert options("auto") == cublas and options("auto", one) == cublas
     assert options("auto", several) is None
+
+
+# ----------------------------------------------------------------------------------------------- the command line
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_of_the_command_line_are_train_configs():
+    """No flags: exactly TrainConfig's defaults; every field has a flag in one of the groups."""
+    import train
+    from jaxformer.cli import GROUPS
+    from jaxformer.config import TrainConfig
+    assert TrainConfig(**vars(train.parse_args([]))) == TrainConfig()
+    assert {f.metadata["group"] for f in dataclasses.fields(TrainConfig)} <= set(GROUPS)
+
+
+def test_flags_parse_to_fields():
+    import train
+    from jaxformer.config import TrainConfig
+    tc = TrainConfig(**vars(train.parse_args(
+        ["--data", "a.txt", "b.jsonl", "--no-progress", "--scan-layers", "--profile-steps", "10:15", "--lr", "3e-4",
+         "--kernels", "xla", "--vocab-size", "512", "--resume", "--mesh", "data=2,tensor=4"])))
+    assert tc.data == ("a.txt", "b.jsonl") and tc.progress is False and tc.scan_layers is True
+    assert tc.profile_steps == (10, 15) and tc.lr == 3e-4 and tc.kernels == "xla" and tc.vocab_size == 512
+    assert tc.resume is True and tc.mesh == "data=2,tensor=4"
+    assert train.parse_args(["--scan-layers", "--no-scan-layers"]).scan_layers is False
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--profile-steps", "10"], "--profile-steps: '10': expected A:B"),
+    (["--kernels", "cuda"], "--kernels: invalid choice: 'cuda'"),
+    (["--seq-len", "many"], "--seq-len: invalid int value: 'many'"),
+])
+def test_bad_flag_text_is_a_usage_error(argv, needle, capsys):
+    import train
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_help_lists_the_groups():
+    from jaxformer.cli import GROUPS
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    positions = [out.index(f"\n{title}:\n") for title in GROUPS.values()]
+    assert positions == sorted(positions)
+    assert "--no-progress" in out and "--scan-layers, --no-scan-layers" in out and "(default: 128)" in out
+
+
+def test_docs_cli_md_is_the_generated_table():
+    """docs/cli.md holds the flags' tables as generated from TrainConfig: regenerate it with
+    `python -m jaxformer.cli --write docs/cli.md` when a field changes."""
+    from jaxformer import cli
+    from jaxformer.config import TrainConfig
+    table = cli.markdown(TrainConfig)
+    assert cli.generated_part((ROOT / "docs" / "cli.md").read_text()) == table
+    for f in dataclasses.fields(TrainConfig):
+        assert f"`--{f.name.replace('_', '-')}`" in table or f.name == "progress"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(steps=0), "steps=0"),
+    (dict(seq_len=4), "seq_len=4"),
+    (dict(lr=-1.0), "lr=-1.0"),
+    (dict(weight_decay=-0.1), "weight_decay=-0.1"),
+    (dict(clip_norm=-1.0), "clip_norm=-1.0"),
+    (dict(dropout=1.0), "dropout=1.0"),
+    (dict(schedule="cosine"), "schedule='cosine'"),
+    (dict(optimizer="sgd"), "optimizer='sgd'"),
+    (dict(profile_steps=(5, 5)), "profile_steps=5:5"),
+    (dict(vocab_size=0), "vocab_size=0"),
+    (dict(max_predictions=126, seq_len=128), "max_predictions=126"),
+    (dict(mesh="data=2,model=2"), "'model'"),
+    (dict(config="huge"), "name='huge'"),
+    (dict(dtype="int8"), "dtype='int8'"),
+])
+def test_train_config_names_field_and_value(kwargs, needle):
+    from jaxformer.config import TrainConfig
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**kwargs)
+    assert needle in str(e.value)

@@ -1,4 +1,4 @@
-"""The deferred-all-reduce prototype (benchmarks/dp_overlap.py) computes the same gradients as jax.grad under GSPMD,
+"""The deferred all-reduce of benchmarks/dp_overlap.py computes the same gradients as jax.grad under GSPMD,
 and its compiled step has the all-reduce inside the backward loop (issued one trip late), on 8 CPU devices."""
 
 import jax

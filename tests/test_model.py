@@ -146,8 +146,7 @@ def test_remat_same_values_and_gradients(remat):
 
 def test_program_size_does_not_grow_with_depth_under_scan_layers():
     """With scan_layers the layers run in a scan: the traced program of 2 and 12 layers has the same number of
-    equations; the loop over the layers (the default, on one device and under a mesh; None, the old "auto", means
-    it too) grows with depth."""
+    equations; the loop over the layers (the default, on one device and under a mesh) grows with depth."""
     ids, types, mask = _inputs(8, 8, 97)
 
     def n_eqns(layers, scan):
@@ -160,9 +159,8 @@ def test_program_size_does_not_grow_with_depth_under_scan_layers():
     assert n_eqns(2, True) == n_eqns(12, True)
     assert n_eqns(12, False) > n_eqns(2, False)
     assert BertConfig.preset("tiny").scan_layers is False
-    assert n_eqns(12, None) == n_eqns(12, False)
     with jax.set_mesh(jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))):
-        assert jax.device_count() > 1 and n_eqns(12, None) > n_eqns(2, None)  # several devices: the loop too
+        assert jax.device_count() > 1 and n_eqns(12, False) > n_eqns(2, False)  # several devices: the loop too
 
 
 def _eqns(jaxpr):

@@ -183,3 +183,18 @@ def test_cli_pallas_kernels_per_device_match_xla(corpus, tmp_path):
                              "--dtype", "float32", "--kernels", kernels, *vocab)) == 0
         losses[kernels] = [r["loss"] for r in metrics(out) if "loss" in r]
     np.testing.assert_allclose(losses["pallas"], losses["xla"], rtol=2e-4)
+
+
+def test_output_dir_without_out(tmp_path, monkeypatch):
+    """No --out: a new runs/<timestamp>, or with --resume the latest run under runs/ that has checkpoints."""
+    from jaxformer import run
+    from jaxformer.config import TrainConfig
+    from jaxformer.outputs import CheckpointError
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="no earlier run under runs/"):
+        run.output_dir(TrainConfig(resume=True))
+    fresh = run.output_dir(TrainConfig())
+    assert fresh.parent == Path("runs") and fresh.is_dir() and re.fullmatch(r"\d{8}-\d{6}", fresh.name)
+    for name in ("20240101-000000", "20240102-000000"):
+        (tmp_path / "runs" / name / "checkpoints" / "3").mkdir(parents=True)
+    assert run.output_dir(TrainConfig(resume=True)) == Path("runs/20240102-000000")

@@ -1,0 +1,170 @@
+"""The training loop (`run`): steps, metrics, held-out evaluation, checkpoints, profiling and Ctrl-C.
+
+Each iteration is `state, metrics = steps.train_step(state, next(batches))`: `batches` yields device batches that
+a `data.Prefetcher` thread assembled (`PretrainingData.train_batches`) and placed on the mesh
+(`Steps.place_batch`) ahead of time; `Steps.train_step` (jaxformer/steps.py) is one jit of the forward pass, the
+MLM + NSP losses, the gradients and the optax update. The host waits for the device only at log steps, where one
+transfer brings the metrics (and the first non-finite step, if any) back.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+from tqdm.auto import tqdm
+
+from . import distributed
+from .config import TrainConfig
+from .data import Prefetcher, PretrainingData
+from .outputs import Checkpointer, MetricsWriter, plot_losses
+from .steps import Steps, TrainState, evaluate, host_metrics
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped early for a reason the user must hear (non-finite loss, Ctrl-C); exit status 2."""
+
+
+def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData, ckpt: Checkpointer, out: Path,
+        start: int, meta: dict[str, Any], log: Callable = print) -> dict[str, Any]:
+    """Train from step `start` to `tc.steps`; returns the summary (final metrics, last evaluation, outputs).
+
+    Metrics every `log_every` steps, evaluation every `eval_every`, a checkpoint (state + `meta`) every
+    `save_every`, and all three at the last step. Process 0 alone writes metrics and the plot."""
+    main = distributed.is_main()
+    # Each process assembles only its block of rows of every batch (all rows with one process), train and eval.
+    block, n_blocks = steps.batch_block
+    eval_batches = [steps.place_batch(steps.local_rows(b))
+                    for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
+    batches = Prefetcher((steps.place_batch(b) for b in data.train_batches(tc.batch_size, start, block, n_blocks)),
+                         depth=2)
+    checkpoints = out / "checkpoints"
+    summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=data.most_frequent_token_baseline)
+    writer = MetricsWriter(out) if main else _NoWriter()
+    progress = tqdm(total=tc.steps, initial=start, disable=not (tc.progress and main), dynamic_ncols=True, unit="step")
+    stop, meter, profile = _StopFlag(), _Throughput(tc.batch_size, batches, start), _Profile(tc, out, log)
+    step, recent, last_eval = start, {}, {}
+    try:
+        if tc.dump_hlo and main:
+            (out / "train_step.hlo.txt").write_text(steps.train_step.compile(state, eval_batches[0]).as_text())
+            log(f"wrote the optimized HLO of the train step to {out / 'train_step.hlo.txt'}")
+        while step < tc.steps:
+            profile.before(step)
+            state, metrics = steps.train_step(state, next(batches))
+            step += 1
+            progress.update(1)
+            profile.after(step, state)
+            last = step == tc.steps
+            stopping = _stop_agreed(stop.requested, step, tc)
+            if step % tc.log_every == 0 or last or stopping:
+                recent = _log_metrics(metrics, step, meter, writer, progress, ckpt)
+            if step % tc.eval_every == 0 or last:
+                last_eval = evaluate(steps, state.params, eval_batches)
+                writer.write(dict(step=step, **last_eval))
+                if main:  # tqdm.write prints even with the bar disabled
+                    progress.write(f"step {step}: eval mlm loss {last_eval['eval_mlm_loss']:.3f}, "
+                                   f"mlm acc {last_eval['eval_mlm_acc']:.3f}, nsp acc {last_eval['eval_nsp_acc']:.3f}")
+            if step % tc.save_every == 0 or last or stopping:
+                ckpt.save(step, state, dict(meta, step=step))
+            if stopping:
+                raise TrainingStopped(f"interrupted: saved a checkpoint at step {step} in {checkpoints}; "
+                                      f"continue with: python train.py --out {out} --resume")
+    finally:
+        stop.restore()
+        progress.close()
+        batches.close()
+        writer.close()
+        plot = plot_losses(out / "metrics.jsonl", out / "loss.png") if main else None
+    summary.update(step=step, **{f"final_{k}": v for k, v in recent.items()}, **last_eval,
+                   data_wait_s=batches.wait_seconds, plot=str(plot) if plot else None,
+                   checkpoint=str(checkpoints / str(step)))
+    return summary
+
+
+def _log_metrics(metrics, step: int, meter: "_Throughput", writer, progress, ckpt: Checkpointer) -> dict[str, float]:
+    """One metrics record (loss, accuracies, learning rate, throughput); TrainingStopped at a non-finite loss."""
+    fetched = jax.device_get(metrics)  # syncs: the throughput below covers the device work
+    recent, bad = host_metrics(fetched), int(fetched["bad_step"])
+    if bad >= 0:
+        raise TrainingStopped(f"non-finite loss at step {bad + 1}; stopped without saving it "
+                              f"(last good checkpoint: step {ckpt.latest_step()})")
+    record = dict(step=step, **recent, **meter.since_last(step))
+    writer.write(record)
+    progress.set_postfix(loss=f"{recent['loss']:.3f}", seq_s=f"{record['seq_per_s']:.0f}")
+    return recent
+
+
+def _stop_agreed(requested: bool, step: int, tc: TrainConfig) -> bool:
+    """Whether to save and stop after `step`. A stop saves a checkpoint, which every process must join: several
+    processes agree at log steps (a Ctrl-C reaches them at slightly different steps, or reaches only one)."""
+    if jax.process_count() == 1:
+        return requested
+    return (step % tc.log_every == 0 or step == tc.steps) and distributed.any_process(requested)
+
+
+class _Throughput:
+    """Sequences per second and seconds spent waiting for data since the previous log step."""
+
+    def __init__(self, batch_size: int, batches: Prefetcher, step: int):
+        self.batch_size, self.batches = batch_size, batches
+        self.tick, self.step, self.waited = time.perf_counter(), step, 0.0
+
+    def since_last(self, step: int) -> dict[str, float]:
+        now = time.perf_counter()
+        out = dict(seq_per_s=(step - self.step) * self.batch_size / (now - self.tick),
+                   data_wait_s=self.batches.wait_seconds - self.waited)
+        self.tick, self.step, self.waited = now, step, self.batches.wait_seconds
+        return out
+
+
+class _Profile:
+    """A jax.profiler trace of steps `profile_steps` = (A, B), A..B-1, into <out>/profile (profile_<i> on process
+    i > 0)."""
+
+    def __init__(self, tc: TrainConfig, out: Path, log: Callable):
+        self.span, self.log = tc.profile_steps, log
+        self.dir = out / ("profile" if distributed.is_main() else f"profile_{jax.process_index()}")
+
+    def before(self, step: int) -> None:
+        if self.span and step == self.span[0]:
+            jax.profiler.start_trace(str(self.dir))
+
+    def after(self, step: int, state) -> None:
+        if self.span and step == self.span[1]:
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            self.log(f"wrote a profiler trace of steps {self.span[0]}:{step} to {self.dir}")
+
+
+class _NoWriter:
+    """The metrics writer of processes other than 0 (the metrics are the same on every process)."""
+
+    def write(self, record) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _StopFlag:
+    """The first Ctrl-C asks the loop to save and stop after the current step; a second one aborts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
