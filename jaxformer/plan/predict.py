@@ -1,0 +1,167 @@
+"""Step time of a strategy: compute from the contractions and the memory-bound bytes, communication from the
+collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strategy.
+
+    step = layers + heads + embedding + optimizer + exposed communication
+
+* layers: per layer pass (one microbatch through one layer), its GEMMs at the GEMM cost, flash attention's
+  matmuls at `FLASH_EFFICIENCY` of that rate, its memory-bound bytes (`layer_bytes`) at the copy rate; forward
+  once, backward as two GEMMs per forward GEMM and the backward bytes, full remat adding a forward. The plain
+  stack runs L passes on the local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch,
+  its p - 1 bubble ticks on filler data (jaxformer/pipeline.py), so the bubble is part of the layer time.
+* overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
+  overlapped in this XLA (benchmarks/results/distributed-2xh200.md, sessions 4-5: the async pair is made
+  synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire (session 13), so its gathers and
+  reduce-scatters are counted exposed too; tensor-parallel all-reduces and pipeline shifts sit on the critical
+  path by construction. `overlap_grads=True` assumes instead that the batch axes' gradient and weight traffic hides
+  behind the layers' compute (as PyTorch DDP/FSDP bucketing achieves), exposed only beyond it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import comm as _comm
+from . import memory as _memory
+from .hardware import Hardware
+from .workload import Backend, GPU, Strategy, Workload, attention_in_kernel, head_gemms, layer_gemms, local_params
+
+FLASH_EFFICIENCY = 0.6  # flash attention's matmuls vs a large GEMM (kernels-h200.md: ~60% at S=512, less at 128)
+OPTIMIZER_BYTES = 36.0  # per parameter: AdamW, clip norm, the non-finite guard, fused (datamovement-h200.md: 9.7 GB
+# of element-wise work outside the layers for BERT-large's 335M parameters, ~29 B, plus the gradients' cast)
+
+# Memory-bound bytes per token and layer under the XLA kernels (forward + backward), as multiples of D (whole),
+# D/tp, F/tp and (N/tp) S. "Effective" bytes: fitted to one H200's BERT-large steps with --kernels xla (50.1 ms at
+# S=128 B=64, 65.6 ms at S=512 B=16; train-h200.md, session 29) after the GEMMs, so they also carry XLA's fusions
+# running below the copy rate (unfused dropout RNG, softmax, layernorm); benchmarks/train_step.py --record keeps
+# the compiled HLO's class bytes beside each run, which --validate compares.
+XLA_BYTES = dict(d=140.0, d_tp=60.0, f=52.0, nt=50.0)
+
+
+def layer_bytes(w: Workload, s: Strategy, e: int) -> tuple[float, float]:
+    """(forward, backward) memory-bound bytes per token of one layer pass (each operator reads its inputs and writes
+    its outputs once). Pallas: flash attention reads q, k, v and writes the context and its log-sum-exp (backward:
+    reads those and the context's gradient, writes dq, dk, dv); each BDRLN reads its row input and residual and
+    writes its output and statistics (backward: the gradient, two saved rows, writes two gradients); bias+GELU reads
+    and writes F values (backward: three); the residual gradients are added by XLA (read two, write one); at S > 128
+    XLA adds the Q/K/V bias (jaxformer/ops.py)."""
+    cfg = w.model
+    D, Dt, Ft, n = cfg.hidden_size, cfg.hidden_size / s.tp, cfg.intermediate_size / s.tp, cfg.num_attention_heads / s.tp
+    if s.kernels == "xla":
+        total = XLA_BYTES["d"] * D + XLA_BYTES["d_tp"] * Dt + XLA_BYTES["f"] * Ft + XLA_BYTES["nt"] * n * w.seq_len
+        return total / 3, 2 * total / 3
+    bias = 2 * 3 * Dt * e if w.seq_len > 128 else 0.0
+    fwd = (4 * Dt * e + 4 * n) + 2 * (3 * D * e + 8) + 2 * Ft * e + bias
+    bwd = (8 * Dt * e + 8 * n) + 2 * (5 * D * e + 8) + 2 * 3 * D * e + 3 * Ft * e + bias
+    return fwd, bwd
+
+
+@dataclasses.dataclass
+class Prediction:
+    workload: Workload
+    strategy: Strategy
+    feasible: bool
+    reason: str
+    step_time_s: float = 0.0
+    compute_s: float = 0.0  # layers (bubble included), heads, embedding, optimizer
+    comm_s: float = 0.0  # exposed communication
+    bubble_s: float = 0.0  # the part of compute_s spent on bubble ticks
+    comm_bytes: float = 0.0  # bytes each device sends per step
+    memory: _memory.Memory | None = None
+    collectives: list = dataclasses.field(default_factory=list)
+    breakdown: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def seq_per_s(self) -> float:
+        return self.workload.global_batch / self.step_time_s if self.step_time_s else 0.0
+
+    @property
+    def bubble(self) -> float:
+        return self.strategy.bubble
+
+    def to_dict(self) -> dict:
+        s = self.strategy
+        mem = self.memory.to_dict() if self.memory else None
+        return dict(s.to_dict(), gpus=s.gpus, label=s.label(), feasible=self.feasible, reason=self.reason,
+                    step_time_s=self.step_time_s, seq_per_s=self.seq_per_s, compute_s=self.compute_s,
+                    comm_s=self.comm_s, bubble_s=self.bubble_s, bubble=self.bubble, comm_bytes=self.comm_bytes,
+                    comm_by_kind=_comm.by_kind(self.collectives) if self.collectives else {},
+                    memory_bytes=mem, breakdown=self.breakdown, notes=self.notes)
+
+
+def _span(axis: str, s: Strategy) -> int:
+    """Consecutive device indices a group of `axis` spans (mesh order pipeline, data, fsdp, tensor)."""
+    inner = {"tensor": s.tp, "fsdp": s.tp * s.fsdp, "data": s.tp * s.fsdp * s.dp,
+             "data+fsdp": s.tp * s.fsdp * s.dp, "pipeline": s.gpus}
+    return inner[axis]
+
+
+def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, overlap_grads: bool = False
+            ) -> Prediction:
+    """The step time and memory of `s` (assumed feasible: see `search.check`)."""
+    cfg, e = w.model, backend.compute_bytes
+    b = w.global_batch // (s.dp * s.fsdp)
+    bm = b // s.microbatches
+    k = cfg.num_hidden_layers // (s.pp * s.repeats)
+    passes = s.ticks * k if s.pipelined else cfg.num_hidden_layers
+    tokens = (bm if s.pipelined else b) * w.seq_len
+    batch = bm if s.pipelined else b
+
+    # -- one layer pass
+    fwd_gemm = bwd_gemm = 0.0
+    for g in layer_gemms(cfg, tokens, batch, w.seq_len, s):
+        if attention_in_kernel(g, s):
+            t = g.flop / (hw.gemm_rate * FLASH_EFFICIENCY)
+            fwd_gemm, bwd_gemm = fwd_gemm + t, bwd_gemm + 2.5 * t  # flash backward: 5 matmuls for the forward's 2
+        else:
+            fwd_gemm += hw.gemm_time(g.flop)
+            bwd_gemm += 2 * hw.gemm_time(g.flop)
+    fb, bb = layer_bytes(w, s, e)
+    fwd = fwd_gemm + hw.memory_time(fb * tokens)
+    bwd = bwd_gemm + hw.memory_time(bb * tokens)
+    recompute = fwd if s.remat == "full" else 0.0
+    layer_pass = fwd + bwd + recompute
+    layers = passes * layer_pass
+    pipeline_overhead = 0.0
+    if s.pipelined:
+        # the tick loop's stacked residuals (zero-filled, written, read back) and its buffers' slices and updates
+        acts = _memory.saved_activations(w, s, backend)
+        pipeline_overhead = hw.memory_time(3 * acts + s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * e)
+    bubble_s = layers * (s.pp - 1) / s.ticks if s.pipelined else 0.0
+
+    # -- heads, embedding, optimizer (heads and embeddings replicated over pipeline stages)
+    rows = b * w.masked
+    vocab = cfg.padded_vocab_size // s.tp
+    heads = sum(3 * hw.gemm_time(g.flop) for g in head_gemms(cfg, b, w.masked, s))
+    if s.kernels == "pallas" and s.tp == 1:  # fused loss: the decoder GEMM again in the backward, bf16 d_logits
+        heads += hw.gemm_time(2.0 * rows * vocab * cfg.hidden_size) + hw.memory_time(3 * rows * vocab * e)
+    else:  # float32 logits: written, read by logsumexp, label pick, argmax, softmax gradient, two GEMMs
+        heads += hw.memory_time(7 * rows * vocab * 4)
+    table = vocab * cfg.hidden_size * 4 / s.fsdp
+    embedding = hw.memory_time(b * w.seq_len * cfg.hidden_size * (3 * 4 + 2 * e) + 2 * table)
+    optimizer = hw.memory_time(local_params(cfg, s) * OPTIMIZER_BYTES)
+    compute = layers + pipeline_overhead + heads + embedding + optimizer
+
+    # -- communication
+    colls = _comm.collectives(w, s, backend)
+    hidden = exposed = 0.0
+    for c in colls:
+        t = c.count * hw.collective_time(c.kind, c.bytes, c.group, _span(c.axis, s))
+        if c.overlap and overlap_grads:
+            hidden += t
+        else:
+            exposed += t
+    exposed += max(0.0, hidden - layers)  # fsdp's traffic beyond what the layers' compute can hide
+    step = compute + exposed
+    notes = []
+    if s.fsdp > 1 and (s.pp > 1 or (s.dp > 1 and s.tp > 1)):
+        notes.append("fsdp with pipeline or data+tensor: XLA adds resharding the model does not count")
+    if s.remat != "none" and not s.pipelined:
+        notes.append("remat in the plain layer loop: XLA merges the recomputation back (memory not saved)")
+    pred = Prediction(w, s, True, "", step_time_s=step, compute_s=compute, comm_s=exposed, bubble_s=bubble_s,
+                      comm_bytes=sum(c.wire_bytes for c in colls), memory=_memory.memory(w, s, backend),
+                      collectives=colls, notes=notes,
+                      breakdown=dict(layers_s=layers, pipeline_overhead_s=pipeline_overhead, heads_s=heads,
+                                     embedding_s=embedding, optimizer_s=optimizer, comm_hidden_s=hidden,
+                                     layer_pass_s=layer_pass, layer_passes=passes))
+    return pred
