@@ -18,7 +18,7 @@ import sys
 
 from ..config import BertConfig
 from .hardware import PROFILES, Calibration, Hardware
-from .search import Space, evaluate, search, table
+from .search import Space, check, evaluate, search, table
 from .workload import Strategy, Workload
 
 STRATEGY_KEYS = {"dp": "dp", "data": "dp", "fsdp": "fsdp", "tp": "tp", "tensor": "tp", "pp": "pp", "pipeline": "pp",
@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", default="1,2", help="comma list of circular-schedule repeats")
     s.add_argument("--sequence-parallel", action="store_true", help="also try Megatron sequence parallelism")
     s.add_argument("--density", type=float, default=None, help="top-k gradient exchange at this density")
+    s.add_argument("--pipeline-style", default="jaxformer", choices=("jaxformer", "megatron"),
+                   help="pipelines as jaxformer/pipeline.py runs them, or Megatron-style (1F1B, embeddings and heads "
+                        "on the first and last stage, gradients summed once): a what-if")
     s.add_argument("--overlap-grads", action="store_true",
                    help="assume the batch axes' gradient/weight traffic hides behind compute (default: exposed)")
     o = p.add_argument_group("output")
@@ -139,7 +142,7 @@ def space_of(a) -> Space:
                       microbatches=_csv(a.microbatches, int) if a.microbatches else None,
                       repeats=_csv(a.repeats, int),
                       sequence_parallel=(False, True) if a.sequence_parallel else (False,),
-                      density=a.density)
+                      density=a.density, pipeline_style=a.pipeline_style)
     except ValueError:
         raise ValueError(f"--microbatches {a.microbatches!r} / --repeats {a.repeats!r} must be comma lists of "
                          f"integers") from None
@@ -174,10 +177,14 @@ def main(argv=None) -> int:
         space = space_of(a)
         one = None
         if a.strategy:
-            one = parse_strategy(a.strategy, dict(kernels=space.kernels[0], density=a.density))
+            one = parse_strategy(a.strategy, dict(kernels=space.kernels[0], density=a.density,
+                                                  pipeline_style=a.pipeline_style))
             if one.gpus != a.gpus:
                 raise ValueError(f"--strategy {a.strategy!r} uses {one.gpus} GPUs (dp*fsdp*tp*pp) but --gpus is "
                                  f"{a.gpus}")
+            reason = check(w, one, a.gpus)
+            if reason:
+                raise ValueError(f"--strategy {a.strategy!r}: {reason}")
     except (ValueError, FileNotFoundError) as e:
         print(f"plan: error: {e}", file=sys.stderr)
         return 2

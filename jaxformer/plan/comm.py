@@ -51,6 +51,7 @@ class Collective:
     count: float = 1.0  # per step
     overlap: bool = False  # may hide behind the layers' compute (gradient and weight traffic of the batch axes)
     dtype_bytes: int = F32  # bytes per element
+    layer: bool = False  # a stacked layer tensor's traffic (XLA sends it per layer trip)
 
     @property
     def hlo_bytes(self) -> float:
@@ -71,7 +72,7 @@ class Collective:
 def _grad_bytes(t, s: Strategy, backend: Backend) -> int:
     """Bytes of a parameter's gradient where it is summed: compute-dtype copies of the stacked layer weights leave
     their gradients in bf16 (steps.Steps._compute_copy, not inside pipelines), everything else float32."""
-    return backend.compute_bytes if (t.stacked_weight and not s.pipelined) else F32
+    return backend.compute_bytes if (t.stacked_weight and (s.megatron or not s.pipelined)) else F32
 
 
 def _full_local(t, s: Strategy, w: Workload) -> tuple[int, ...]:
@@ -100,23 +101,27 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
         for t in parameters(cfg):
             full = _full_local(t, s, w)
             gdt = _grad_bytes(t, s, backend)
+            layer = t.part == "layer"
             nbytes = math.prod(full) * gdt
             sharded = s.fsdp > 1 and "D" in t.letters
-            if t.part == "layer" and s.pipelined:
+            if s.megatron and t.part == "embed" and t.name != "embeddings/word":
+                continue  # on the first stage; the last one (heads and the tied table's copy) sends more
+            if t.part == "layer" and s.pipelined and not s.megatron:
                 # summed per tick and per layer inside the backward loop, one layer at a time
                 per_layer = nbytes // full[0]
                 add(Collective(f"grad {t.name} (per tick)", "all-reduce", per_layer, batch_axis, batch_group,
-                               s.ticks * k, True, gdt))
+                               s.ticks * k, True, gdt, True))
                 continue
             if s.fsdp > 1 and t.name in FULL_BATCH_UNDER_FSDP:
                 pass  # its gradient is formed from gathered [CLS] activations (the gathers below): no sum
             elif sharded and backend.reduce_scatter:
-                add(Collective(f"grad {t.name}", "reduce-scatter", nbytes, "fsdp", s.fsdp, 1, True, gdt))
+                add(Collective(f"grad {t.name}", "reduce-scatter", nbytes, "fsdp", s.fsdp, 1, True, gdt, layer))
                 if s.dp > 1:
-                    add(Collective(f"grad {t.name} (data)", "all-reduce", nbytes / s.fsdp, "data", s.dp, 1, True, gdt))
+                    add(Collective(f"grad {t.name} (data)", "all-reduce", nbytes / s.fsdp, "data", s.dp, 1, True, gdt,
+                                   layer))
             else:
-                add(Collective(f"grad {t.name}", "all-reduce", nbytes, batch_axis, batch_group, 1, True, gdt))
-            if t.name == "embeddings/word" and s.fsdp == 1:
+                add(Collective(f"grad {t.name}", "all-reduce", nbytes, batch_axis, batch_group, 1, True, gdt, layer))
+            if t.name == "embeddings/word" and s.fsdp == 1 and not s.megatron:
                 # the lookup's part too (summed apart from the decoder's); with fsdp it arrives by all-to-all
                 add(Collective("grad embeddings/word (lookup)", "all-reduce", nbytes, batch_axis, batch_group, 1,
                                True, gdt))
@@ -124,7 +129,7 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
                 gb = e if (t.stacked_weight and not s.pipelined) else F32
                 twice = t.name == "embeddings/word" or t.name.endswith("layer_norm/scale")
                 add(Collective(f"gather {t.name}", "all-gather", math.prod(full) * gb, "fsdp", s.fsdp,
-                               2 if twice else 1, overlap=True))
+                               2 if twice else 1, True, gb, layer))
         if s.fsdp > 1:
             f, bf = s.fsdp, b * s.fsdp  # the fsdp group's batch
             add(Collective("token ids", "all-gather", bf * S * I32, "fsdp", f))
@@ -135,7 +140,7 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
 
     # -- tensor parallelism
     if s.tp > 1:
-        layer_passes = (s.ticks * k) if s.pipelined else L
+        layer_passes = (s.repeats * s.microbatches * k if s.megatron else s.ticks * k) if s.pipelined else L
         act = bm * S * D * e
         if s.sequence_parallel:
             add(Collective("layer outputs (reduce-scatter)", "reduce-scatter", act, "tensor", s.tp,
@@ -151,7 +156,13 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
         add(Collective("vocab-parallel argmax", "all-gather", b * P * s.tp * F32, "tensor", s.tp, 2))
 
     # -- pipeline
-    if s.pp > 1:
+    if s.megatron:
+        micro = bm * S * D * e / (s.tp if s.sequence_parallel else 1)
+        add(Collective("stage send/receive", "collective-permute", micro, "pipeline", s.pp,
+                       2 * s.microbatches * s.repeats))
+        table = cfg.padded_vocab_size // s.tp * D // s.fsdp * F32
+        add(Collective("tied word table (first and last stage)", "all-reduce", table, "pipeline", 2))
+    elif s.pp > 1:
         micro = bm * S * D * e
         add(Collective("stage shift", "collective-permute", micro, "pipeline", s.pp, 3 * (s.ticks + 1)))
         add(Collective("encoder output broadcast", "all-reduce", b * S * D * e, "pipeline", s.pp, 2))

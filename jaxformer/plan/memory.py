@@ -161,14 +161,16 @@ def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float
 
 
 def head_workspace(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
-    """The MLM head's working set in the backward pass, the larger of two moments:
+    """The MLM head's working set in the backward pass, the larger of two moments (from the live buffers of XLA's
+    schedule on the CPU, perfmodel.md "Memory"):
 
     * the softmax gradient: the float32 logits (B P V/tp) `logit_copies[0]` times over (logits, probabilities,
-      their gradient, a transposed copy) with the table's gradient and its layout copies;
-    * the decoder's GEMMs: `logit_copies[1]` logits-sized values with every table-sized value: the tied word
-      embedding's gradient (two pieces under data parallelism, the lookup's and the decoder's, summed after their
-      all-reduce, plus the all-reduce's result), under fsdp the re-gathered whole table and its whole gradient,
-      and the backend's layout copies of the table (`table_copies`).
+      their gradient, a transposed copy), the table's layout copies (`table_copies`), under fsdp the table
+      re-gathered for the backward GEMMs;
+    * the decoder's weight gradient: `logit_copies[1]` logits-sized values (d_logits and its transpose; none
+      left under data parallelism, whose two gradient pieces wait for their all-reduces) with every table-sized
+      value: the layout copies, the gradient (its two pieces under data parallelism; whole under fsdp, before its
+      reduce-scatter, with the gathered table).
 
     Under the fused Pallas loss (GPU, tp = 1) the logits never exist: d_logits in the compute dtype instead."""
     cfg = w.model
@@ -177,15 +179,15 @@ def head_workspace(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     vocab = cfg.padded_vocab_size // s.tp
     table = vocab * cfg.hidden_size * F32
     c = COMPILER[backend.name]
-    copies = c.table_copies * table / s.fsdp  # layout copies of the table (shards) for the backward GEMMs
-    gathered = table if s.fsdp > 1 else 0.0  # under fsdp the table re-gathered for the backward GEMMs
-    # the table's gradient: whole under fsdp (before its reduce-scatter), two pieces under data parallelism
-    grads = table * (2 if s.dp > 1 or s.fsdp > 1 else 1)
+    copies = c.table_copies * table / s.fsdp
+    gathered = table if s.fsdp > 1 else 0.0
+    lookup = table if (s.dp > 1 and s.fsdp == 1) else 0.0  # the lookup's gradient piece (data parallelism)
     if s.kernels == "pallas" and s.tp == 1 and backend.name == "gpu":
-        return rows * vocab * backend.compute_bytes + copies + gathered + grads
+        return rows * vocab * backend.compute_bytes + copies + gathered + table + lookup
     logits = rows * vocab * F32
+    second = 0 if lookup else c.logit_copies[1]
     return max(c.logit_copies[0] * logits + copies + gathered,
-               c.logit_copies[1] * logits + copies + gathered + grads - (table if s.fsdp > 1 else 0.0))
+               second * logits + copies + gathered + table + lookup)
 
 
 def weight_copies(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
@@ -221,17 +223,55 @@ def pipeline_buffers(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
 
 
 def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
+    """The peak memory of one device (of the fullest stage, for a Megatron-style pipeline)."""
+    if s.megatron:
+        return max(stage_memories(w, s, backend), key=lambda m: m.total)
     n = local_params(w.model, s)
-    params, optimizer = n * F32, 2 * n * F32
     acts = saved_activations(w, s, backend)
     backward = (acts + head_workspace(w, s, backend) + weight_copies(w, s, backend)
                 + pipeline_buffers(w, s, backend))
+    table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
     # the update: every float32 gradient (the global-norm clip needs all of them), the word table's second
     # gradient piece under data parallelism, one table-sized temporary of the update
-    table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
-    grads = n * F32
-    update = grads + table * (2 if (s.dp > 1 and s.fsdp == 1) else 1)
-    other = batch_bytes(w, s)
-    if backward >= update:
+    return _peak(n, acts, backward, table * (2 if (s.dp > 1 and s.fsdp == 1) else 1), batch_bytes(w, s))
+
+
+def _peak(n: float, acts: float, backward: float, update_extra: float, other: float) -> Memory:
+    params, optimizer, grads = n * F32, 2 * n * F32, n * F32
+    if backward >= grads + update_extra:
         return Memory(params, 0.0, optimizer, acts, backward - acts + other, "backward")
-    return Memory(params, grads, optimizer, 0.0, update - grads + other, "update")
+    return Memory(params, grads, optimizer, 0.0, update_extra + other, "update")
+
+
+def stage_memories(w: Workload, s: Strategy, backend: Backend = GPU, layers: list[int] | None = None
+                   ) -> list[Memory]:
+    """Memory of each stage of a Megatron-style pipeline whose stage i holds `layers[i]` layers (default: L/p
+    each): the first stage also holds the embeddings, the last the heads and a copy of the tied word table; under
+    1F1B stage i keeps the activations of min(m, p - i) microbatches, the last stage the MLM head's working set."""
+    cfg, e, p = w.model, backend.compute_bytes, s.pp
+    layers = layers or [cfg.num_hidden_layers // p] * p
+    if len(layers) != p or sum(layers) != cfg.num_hidden_layers:
+        raise ValueError(f"layers={layers} must give each of the {p} stages its layers ({cfg.num_hidden_layers})")
+    flat = dataclasses.replace(s, pp=1, microbatches=1, repeats=1, pipeline_style="jaxformer")
+    per_layer = local_params(cfg, flat, "layer") / cfg.num_hidden_layers
+    embed, head = local_params(cfg, flat, "embed"), local_params(cfg, flat, "head")
+    table = cfg.padded_vocab_size // s.tp * cfg.hidden_size // s.fsdp
+    micro = Workload(cfg, w.seq_len, w.global_batch // s.microbatches)  # one microbatch's rows
+    tokens = micro.global_batch // (s.dp * s.fsdp) * w.seq_len
+    act = activation_table(backend, s.kernels, True).per_token(cfg, w.seq_len, s.tp)
+    emb_act = (COMPILER[backend.name].embedding * cfg.hidden_size if s.kernels == "xla" else 0) + 16
+    copies_per_layer = sum(local_elems(t, flat) for t in parameters(cfg) if t.stacked_weight) / cfg.num_hidden_layers
+    out = []
+    for i, k in enumerate(layers):
+        n = k * per_layer + (embed if i == 0 else 0) + (head + table if i == p - 1 else 0)
+        inflight = min(s.microbatches, p - i)
+        if s.remat == "full":
+            acts = tokens * (inflight * k * cfg.hidden_size * e + act)
+        else:
+            acts = tokens * inflight * k * act
+        if i == 0:
+            acts += tokens * inflight * emb_act
+        work = head_workspace(micro, flat, backend) if i == p - 1 else 0.0
+        backward = acts + work + copies_per_layer * k * e + 2 * tokens * cfg.hidden_size * e
+        out.append(_peak(n, acts, backward, 0.0, batch_bytes(micro, flat)))
+    return out

@@ -7,7 +7,9 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
   matmuls at `FLASH_EFFICIENCY` of that rate, its memory-bound bytes (`layer_bytes`) at the copy rate; forward
   once, backward as two GEMMs per forward GEMM and the backward bytes, full remat adding a forward. The plain
   stack runs L passes on the local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch,
-  its p - 1 bubble ticks on filler data (jaxformer/pipeline.py), so the bubble is part of the layer time.
+  its p - 1 bubble ticks on filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a
+  Megatron-style stage idles there instead: the same time). jaxformer's tick loop also stacks every tick's
+  residuals (zero-filled, written, read back: `pipeline_overhead`).
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
   overlapped in this XLA (benchmarks/results/distributed-2xh200.md, sessions 4-5: the async pair is made
   synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire (session 13), so its gathers and
@@ -96,6 +98,26 @@ def _span(axis: str, s: Strategy) -> int:
     return inner[axis]
 
 
+def comm_times(colls, s: Strategy, hw: Hardware, layers: int) -> list[tuple]:
+    """(collective, seconds per step) pairs. Bandwidth is paid per byte; latency per message, where XLA's
+    combiner sends a step's parameter traffic of one kind as one message per layer trip (the stacked layer
+    tensors, L trips in the plain loop) plus one for the rest (distributed-2xh200.md, session 4: one all-reduce per
+    trip for the layer's weights)."""
+    out, charged = [], set()
+    for c in colls:
+        span = _span(c.axis, s)
+        full = hw.collective_time(c.kind, c.bytes, c.group, span)
+        if not c.overlap:
+            out.append((c, c.count * full))
+            continue
+        alpha = hw.collective_time(c.kind, 0.0, c.group, span)
+        key = (c.kind, c.axis, c.count, c.layer)
+        messages = 0.0 if key in charged else c.count * (layers if c.layer and not s.pipelined else 1)
+        charged.add(key)
+        out.append((c, c.count * (full - alpha) + messages * alpha))
+    return out
+
+
 def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, overlap_grads: bool = False
             ) -> Prediction:
     """The step time and memory of `s` (assumed feasible: see `search.check`)."""
@@ -123,7 +145,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     layer_pass = fwd + bwd + recompute
     layers = passes * layer_pass
     pipeline_overhead = 0.0
-    if s.pipelined:
+    if s.pipelined and not s.megatron:
         # the tick loop's stacked residuals (zero-filled, written, read back) and its buffers' slices and updates
         acts = _memory.saved_activations(w, s, backend)
         pipeline_overhead = hw.memory_time(3 * acts + s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * e)
@@ -145,8 +167,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     # -- communication
     colls = _comm.collectives(w, s, backend)
     hidden = exposed = 0.0
-    for c in colls:
-        t = c.count * hw.collective_time(c.kind, c.bytes, c.group, _span(c.axis, s))
+    for c, t in comm_times(colls, s, hw, cfg.num_hidden_layers):
         if c.overlap and overlap_grads:
             hidden += t
         else:

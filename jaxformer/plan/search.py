@@ -26,6 +26,7 @@ class Space:
     sequence_parallel: tuple[bool, ...] = (False,)
     density: float | None = None
     max_microbatches: int = 64
+    pipeline_style: str = "jaxformer"
 
 
 def factorizations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -54,7 +55,7 @@ def strategies(w: Workload, gpus: int, space: Space = Space()) -> Iterator[Strat
             if sp and tp == 1:
                 continue
             yield Strategy(dp=dp, fsdp=fsdp, tp=tp, pp=pp, microbatches=m, repeats=r, remat=remat, kernels=kernels,
-                           sequence_parallel=sp, density=space.density)
+                           sequence_parallel=sp, density=space.density, pipeline_style=space.pipeline_style)
 
 
 def check(w: Workload, s: Strategy, gpus: int) -> str:

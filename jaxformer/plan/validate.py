@@ -81,9 +81,9 @@ def compare(runs: list[dict], hw: Hardware) -> list[Row]:
         backend = CPU if rec.get("device", "").lower() == "cpu" else GPU  # XLA's CPU backend stores bf16 as f32
         p = predict(w, s, h, backend)
         colls = _comm.by_kind(p.collectives)
-        hlo = rec.get("hlo_collectives") or {}
+        hlo = rec.get("hlo_collectives")
         comm = {k: (colls.get(k, 0.0), hlo.get(k, {}).get("bytes", 0.0)) for k in set(colls) | set(hlo)
-                if colls.get(k) or hlo.get(k, {}).get("bytes")}
+                if colls.get(k) or hlo.get(k, {}).get("bytes")} if hlo is not None else {}
         flop = None
         if rec.get("hlo_classes"):
             pred_flop = sum(g.flop for g in step_gemms(w, s) if not attention_in_kernel(g, s))
@@ -127,7 +127,8 @@ def plot(rows: list[Row], path: str) -> None:
     plt.close(fig)
 
 
-def validate(path: str, hw: Hardware, plot_path: str | None = None, as_json: bool = False, out=sys.stdout) -> int:
+def validate(path: str, hw: Hardware, plot_path: str | None = None, as_json: bool = False, out=None) -> int:
+    out = out or sys.stdout
     rows = compare(read_runs(path), hw)
     mt, xt = summary([r.time_err for r in rows])
     mm, xm = summary([r.mem_err for r in rows])

@@ -16,6 +16,7 @@ import types
 from .. import sharding
 from ..config import KERNELS, REMAT_POLICIES, BertConfig, MeshConfig
 
+PIPELINE_STYLES = ("jaxformer", "megatron")
 MASKED_FRACTION = 0.15  # benchmarks/train_step.py scores round(0.15 S) masked positions per sequence
 
 
@@ -68,6 +69,7 @@ class Strategy:
     kernels: str = "pallas"
     sequence_parallel: bool = False
     density: float | None = None
+    pipeline_style: str = "jaxformer"
 
     def __post_init__(self):
         for f in ("dp", "fsdp", "tp", "pp", "microbatches", "repeats"):
@@ -80,6 +82,8 @@ class Strategy:
             raise ValueError(f"kernels={self.kernels!r} must be one of {KERNELS[1:]}")
         if self.density is not None and not 0.0 < self.density <= 1.0:
             raise ValueError(f"density={self.density!r} must be in (0, 1]")
+        if self.pipeline_style not in PIPELINE_STYLES:
+            raise ValueError(f"pipeline_style={self.pipeline_style!r} must be one of {PIPELINE_STYLES}")
 
     @property
     def gpus(self) -> int:
@@ -89,6 +93,15 @@ class Strategy:
     def pipelined(self) -> bool:
         """True when the layers run through jaxformer/pipeline.py (stages, microbatches or repeats)."""
         return (self.pp, self.microbatches, self.repeats) != (1, 1, 1)
+
+    @property
+    def megatron(self) -> bool:
+        """A Megatron-style pipeline (`pipeline_style="megatron"`): embeddings on the first stage, heads and a
+        copy of the tied word table on the last, the 1F1B schedule (a stage keeps at most p - i microbatches), idle
+        bubbles, gradients summed once per step. What jaxformer/pipeline.py does differently ("jaxformer"): the
+        embeddings and heads run on every stage, the encoder output is broadcast to them, bubble ticks compute on
+        filler, every tick's residuals are kept, and the batch axes sum the layer gradients on every tick."""
+        return self.pipeline_style == "megatron" and self.pp > 1
 
     @property
     def schedule(self) -> str:
@@ -118,12 +131,15 @@ class Strategy:
             parts.append(f"remat={self.remat}")
         if self.density is not None:
             parts.append(f"topk={self.density:g}")
+        if self.megatron:
+            parts.append("megatron")
         return " ".join(parts + [self.kernels])
 
     def to_dict(self) -> dict:
         return dict(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, microbatches=self.microbatches,
                     repeats=self.repeats, schedule=self.schedule, remat=self.remat, kernels=self.kernels,
-                    sequence_parallel=self.sequence_parallel, density=self.density)
+                    sequence_parallel=self.sequence_parallel, density=self.density,
+                    pipeline_style=self.pipeline_style)
 
 
 # ----------------------------------------------------------------------------------------------- parameters
@@ -234,8 +250,12 @@ def step_gemms(w: Workload, s: Strategy) -> list[Gemm]:
     b = w.global_batch // (s.dp * s.fsdp)
     bm = b // s.microbatches
     layers_per_chunk = cfg.num_hidden_layers // (s.pp * s.repeats)
-    # layer forward passes per device per step: every tick runs one chunk on one microbatch
-    passes = s.ticks * layers_per_chunk if s.pipelined else cfg.num_hidden_layers
+    # layer forward passes per device per step: every tick runs one chunk on one microbatch (a Megatron-style
+    # stage idles in the bubble instead)
+    if s.megatron:
+        passes = s.repeats * s.microbatches * layers_per_chunk
+    else:
+        passes = s.ticks * layers_per_chunk if s.pipelined else cfg.num_hidden_layers
     fwd_mult = 2 if s.remat == "full" else 1  # the forward again inside the backward
     out = []
     for g in layer_gemms(cfg, bm * w.seq_len, bm, w.seq_len, s):
