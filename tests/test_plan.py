@@ -154,9 +154,10 @@ def test_collective_costs():
     intra = hw.collective_time("all-reduce", 1e8, 8, 8)
     inter = hw.collective_time("all-reduce", 1e8, 16, 16)
     assert inter > intra > 0
-    # one GPU per node: the ring runs over the network at the node's bandwidth shared by its 8 GPUs
+    # one GPU per node: over the network at the node's bandwidth shared by its 8 GPUs, a tree's latency
     beta = 100e9 / 8 / 8
-    assert hw.collective_time("all-reduce", 1e8, 4, 32) == pytest.approx(6 * 10e-6 + 1.5 * 1e8 / beta)
+    assert hw.collective_time("all-reduce", 1e8, 4, 32) == pytest.approx(4 * 10e-6 + 1.5 * 1e8 / beta)
+    assert hw.collective_time("all-gather", 1e8, 4, 32) == pytest.approx(3 * 10e-6 + 0.75 * 1e8 / beta)
 
 
 def test_cli_json(capsys):

@@ -8,7 +8,8 @@ Costs:
 * collective (alpha-beta, ring algorithms): `steps x alpha + wire_bytes / beta`. Inside a node beta is the NVLink
   bandwidth per GPU and direction, alpha its per-step latency; a group spanning nodes runs hierarchically (NCCL):
   reduce-scatter inside the node, the inter-node collective on 1/g of the data over the node's network link shared
-  by its GPUs, all-gather inside the node. The calibration replaces the NVLink alpha and beta per collective kind.
+  by its GPUs (an all-reduce with a tree's 2 log2(nodes) latency steps), all-gather inside the node. The
+  calibration replaces the NVLink alpha and beta per collective kind.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class GPUProfile:
     gemm_efficiency: float = 0.72  # large bf16 GEMMs: ~700 of 989 TFLOP/s measured (DESIGN.md, "Anchors")
     copy_efficiency: float = 0.9  # streaming copies: 3.0 of 3.35 TB/s (H100), 4.3 of 4.8 (H200) measured
     usable_gib: float = 0.0  # what XLA may allocate (0: 90% of hbm_gib)
+    alu_scale: float = 1.0  # element-wise arithmetic time relative to an H100 (SMs x clock)
 
     @property
     def memory_bytes(self) -> float:
@@ -49,7 +51,7 @@ PROFILES = {
     "h100": GPUProfile("NVIDIA H100 SXM", 989.0, 3.35, 80.0, 450.0, 5.0, 8 * 400.0, 10.0),
     "h200": GPUProfile("NVIDIA H200 SXM", 989.0, 4.8, 141.0, 450.0, 5.0, 8 * 400.0, 10.0),
     "a100": GPUProfile("NVIDIA A100 SXM 80GB", 312.0, 2.039, 80.0, 300.0, 6.0, 8 * 200.0, 10.0,
-                       gemm_efficiency=0.75),
+                       gemm_efficiency=0.75, alu_scale=1.7),  # 108 SMs at 1.41 GHz vs 132 at 1.98
 }
 # What XLA's collectives reach of the NVLink datasheet bandwidth without a calibration: a 16.8 MB bf16 all-reduce on
 # two H200s ran at ~134 GB/s bus bandwidth (benchmarks/results/distributed-2xh200.md, session 5) of 450.
@@ -160,5 +162,7 @@ class Hardware:
             inner = ring_steps(inner_kind, g_in) * alpha + wire_fraction(inner_kind, g_in) * nbytes / beta
             if kind == "all-reduce":
                 inner *= 2  # reduce-scatter before, all-gather after
-        across = ring_steps(kind, nodes) * inter_alpha + wire_fraction(kind, nodes) * (nbytes / g_in) / inter_beta
+        # NCCL's all-reduce across nodes pays a tree's latency (2 log2 steps), a ring's bandwidth
+        steps = 2 * math.ceil(math.log2(nodes)) if kind == "all-reduce" else ring_steps(kind, nodes)
+        across = steps * inter_alpha + wire_fraction(kind, nodes) * (nbytes / g_in) / inter_beta
         return inner + across

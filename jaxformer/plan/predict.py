@@ -31,12 +31,13 @@ FLASH_EFFICIENCY = 0.6  # flash attention's matmuls vs a large GEMM (kernels-h20
 OPTIMIZER_BYTES = 36.0  # per parameter: AdamW, clip norm, the non-finite guard, fused (datamovement-h200.md: 9.7 GB
 # of element-wise work outside the layers for BERT-large's 335M parameters, ~29 B, plus the gradients' cast)
 
-# Memory-bound bytes per token and layer under the XLA kernels (forward + backward), as multiples of D (whole),
-# D/tp, F/tp and (N/tp) S. "Effective" bytes: fitted to one H200's BERT-large steps with --kernels xla (50.1 ms at
-# S=128 B=64, 65.6 ms at S=512 B=16; train-h200.md, session 29) after the GEMMs, so they also carry XLA's fusions
-# running below the copy rate (unfused dropout RNG, softmax, layernorm); benchmarks/train_step.py --record keeps
-# the compiled HLO's class bytes beside each run, which --validate compares.
-XLA_BYTES = dict(d=140.0, d_tp=60.0, f=52.0, nt=50.0)
+# The XLA kernels' memory-bound layer work, per token and layer (forward + backward): bytes at the copy rate plus
+# arithmetic-bound time (threefry dropout bits, softmax, erf), in multiples of D (whole), D/tp, F/tp and (N/tp) S.
+# Fitted to BERT-large's one-GPU steps with --kernels xla on an H200 and an H100 (train-h200.md session 29,
+# kernels-h100.md session 30): the H100 (30% less bandwidth, the same SMs) is only 5-7 ms slower, so about 34 GB of
+# the step's element-wise work is bandwidth-bound and the rest is not (S=128 -> 512 adds ~14 ms on both GPUs).
+XLA_BYTES = dict(d=70.0, d_tp=30.0, f=17.0)
+XLA_ALU_PS = dict(d=40.0, d_tp=15.0, nt=11.3)  # picoseconds per element on an H100/H200 (Hardware.alu_scale)
 
 
 def layer_bytes(w: Workload, s: Strategy, e: int) -> tuple[float, float]:
@@ -49,12 +50,22 @@ def layer_bytes(w: Workload, s: Strategy, e: int) -> tuple[float, float]:
     cfg = w.model
     D, Dt, Ft, n = cfg.hidden_size, cfg.hidden_size / s.tp, cfg.intermediate_size / s.tp, cfg.num_attention_heads / s.tp
     if s.kernels == "xla":
-        total = XLA_BYTES["d"] * D + XLA_BYTES["d_tp"] * Dt + XLA_BYTES["f"] * Ft + XLA_BYTES["nt"] * n * w.seq_len
+        total = XLA_BYTES["d"] * D + XLA_BYTES["d_tp"] * Dt + XLA_BYTES["f"] * Ft
         return total / 3, 2 * total / 3
     bias = 2 * 3 * Dt * e if w.seq_len > 128 else 0.0
     fwd = (4 * Dt * e + 4 * n) + 2 * (3 * D * e + 8) + 2 * Ft * e + bias
     bwd = (8 * Dt * e + 8 * n) + 2 * (5 * D * e + 8) + 2 * 3 * D * e + 3 * Ft * e + bias
     return fwd, bwd
+
+
+def layer_alu_seconds(w: Workload, s: Strategy, hw: Hardware) -> float:
+    """Arithmetic-bound seconds per token of one layer pass under the XLA kernels (forward + backward)."""
+    if s.kernels != "xla":
+        return 0.0
+    cfg = w.model
+    ps = (XLA_ALU_PS["d"] * cfg.hidden_size + XLA_ALU_PS["d_tp"] * cfg.hidden_size / s.tp
+          + XLA_ALU_PS["nt"] * cfg.num_attention_heads / s.tp * w.seq_len)
+    return ps * 1e-12 * hw.profile.alu_scale
 
 
 @dataclasses.dataclass
@@ -139,8 +150,9 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
             fwd_gemm += hw.gemm_time(g.flop)
             bwd_gemm += 2 * hw.gemm_time(g.flop)
     fb, bb = layer_bytes(w, s, e)
-    fwd = fwd_gemm + hw.memory_time(fb * tokens)
-    bwd = bwd_gemm + hw.memory_time(bb * tokens)
+    alu = layer_alu_seconds(w, s, hw) * tokens
+    fwd = fwd_gemm + hw.memory_time(fb * tokens) + alu / 3
+    bwd = bwd_gemm + hw.memory_time(bb * tokens) + 2 * alu / 3
     recompute = fwd if s.remat == "full" else 0.0
     layer_pass = fwd + bwd + recompute
     layers = passes * layer_pass

@@ -9,6 +9,7 @@ H head width, F ffn width, V padded vocabulary, L layers, P masked positions per
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -160,7 +161,8 @@ class Tensor:
         return self.part == "layer" and len(self.shape) >= 3
 
 
-def parameters(cfg: BertConfig) -> list[Tensor]:
+@functools.lru_cache(maxsize=64)
+def parameters(cfg: BertConfig) -> tuple[Tensor, ...]:
     """Every parameter of BertForPreTraining with its logical names (jaxformer/model.py, jaxformer/layer.py)."""
     L, D, N, H, F, V = (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim,
                         cfg.intermediate_size, cfg.padded_vocab_size)
@@ -177,15 +179,20 @@ def parameters(cfg: BertConfig) -> list[Tensor]:
             ("mlm_head/kernel", "D_", (D, D)), ("mlm_head/bias", "D", (D,)),
             ("mlm_head/layer_norm/scale", "D", (D,)), ("mlm_head/layer_norm/bias", "D", (D,)),
             ("mlm_head/output_bias", "V", (V,)), ("nsp_head/kernel", "D_", (D, 2)), ("nsp_head/bias", "_", (2,))]
-    return ([Tensor(n, letters, s, "embed") for n, letters, s in emb]
-            + [Tensor("encoder/layers/" + n, letters, s, "layer") for n, letters, s in layer]
-            + [Tensor(n, letters, s, "head") for n, letters, s in head])
+    return tuple([Tensor(n, letters, s, "embed") for n, letters, s in emb]
+                 + [Tensor("encoder/layers/" + n, letters, s, "layer") for n, letters, s in layer]
+                 + [Tensor(n, letters, s, "head") for n, letters, s in head])
 
 
 def local_shape(t: Tensor, s: Strategy) -> tuple[int, ...]:
     """The shard of `t` one device holds under `s`: sharding.PARAM_RULES applied by sharding.logical_to_spec (an
     axis stays whole where the mesh axis does not divide it)."""
-    mesh = types.SimpleNamespace(shape={"data": s.dp, "fsdp": s.fsdp, "tensor": s.tp, "pipeline": s.pp})
+    return _local_shape(t, s.dp, s.fsdp, s.tp, s.pp)
+
+
+@functools.lru_cache(maxsize=65536)
+def _local_shape(t: Tensor, dp: int, fsdp: int, tp: int, pp: int) -> tuple[int, ...]:
+    mesh = types.SimpleNamespace(shape={"data": dp, "fsdp": fsdp, "tensor": tp, "pipeline": pp})
     names = tuple(None if c == "_" else c for c in t.letters)
     spec = sharding.logical_to_spec(names, sharding.PARAM_RULES, mesh, t.shape)
     out = []
