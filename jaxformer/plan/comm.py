@@ -13,7 +13,7 @@ against `jaxformer.hlo_analysis` on 8 CPU devices, tests/test_plan.py):
   all-gather; the [CLS] rows of the pooler and NSP head by four small all-to-alls and two all-gathers (whose
   weight gradients then need no sum). Not modelled: fsdp combined with pipeline, or with data and tensor together,
   where the partitioner adds permutes of whole embedding shards and all-reduces of the MLM logits (tiny config:
-  +50 MB of permutes on fsdp=2,pipeline=2; benchmarks/results/perfmodel.md, "Communication").
+  +47 MB of permutes on fsdp=2,pipeline=2; benchmarks/results/perfmodel.md, "Against the compiled train step").
 * tensor (Megatron): per layer two all-reduces of the B S D activations forward and two backward; the embedding
   lookup on the V-split table one forward; the vocabulary-parallel MLM loss three all-reduces and two all-gathers of
   one number per masked position and one all-reduce of the decoder's input gradient (B P D).
@@ -21,8 +21,8 @@ against `jaxformer.hlo_analysis` on 8 CPU devices, tests/test_plan.py):
   transpose is a split and a pad), plus the final shift; the encoder output's broadcast to every stage and its
   gradient's sum (one all-reduce of B S D each); with the circular schedule, one all-to-all of the stage's layer
   weights forward and of their gradients backward (jaxformer/pipeline.py).
-* sequence parallelism (GPU pattern, benchmarks/results/distributed-2xh200.md, session 4): per layer the four
-  all-reduces become reduce-scatters, with seven all-gathers and two all-to-alls.
+* sequence parallelism (GPU pattern, benchmarks/results/distributed-2xh200.md, "Sequence parallelism"): per layer
+  the four all-reduces become reduce-scatters, with seven all-gathers and two all-to-alls.
 
 `Collective.bytes` is the per-device buffer (all-reduce, permute, all-to-all: the buffer; all-gather: the gathered
 result; reduce-scatter: the full operand); `hlo_bytes` is what hlo_analysis counts (operands + results).

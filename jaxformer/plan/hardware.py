@@ -54,7 +54,7 @@ PROFILES = {
                        gemm_efficiency=0.75, alu_scale=1.7),  # 108 SMs at 1.41 GHz vs 132 at 1.98
 }
 # What XLA's collectives reach of the NVLink datasheet bandwidth without a calibration: a 16.8 MB bf16 all-reduce on
-# two H200s ran at ~134 GB/s bus bandwidth (benchmarks/results/distributed-2xh200.md, session 5) of 450.
+# two H200s took ~0.125 ms, ~134 GB/s bus bandwidth of 450 (benchmarks/dp_overlap.py, 2026-11-22, code of ed11862).
 NVLINK_EFFICIENCY = 0.33
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")

@@ -7,12 +7,13 @@ The step's peak is at one of two moments (steps.Steps._train_step):
   head's working set (its logits and their gradient, the tied embedding's gradient);
 * the optimizer update: parameters, moments and float32 gradients (the activations are gone).
 
-Saved activations per token and layer (`ACTIVATIONS`) are counted from what the step keeps for the backward:
+Saved activations per token and layer (`Activations`) are counted from what the step keeps for the backward:
 inside a pipeline (a `lax.scan` over ticks, jaxformer/pipeline.py) exactly the residuals JAX saves (its jaxpr:
 tests/test_plan.py compares with `jax.ad_checkpoint`'s list), one set per tick, bubble ticks included; in the plain
 layer loop what XLA keeps after fusing (it recomputes cheap element-wise values), fitted per backend to compiled
-memory (benchmarks/results/perfmodel.md, "Memory"). Under `remat="full"` only the layer inputs are kept, plus one
-layer's set while it is recomputed; `"dots"` keeps the contraction outputs.
+memory (benchmarks/results/perfmodel.md, "Against the compiled train step"). Under `remat="full"` only the layer
+inputs are kept, plus one layer's set while it is recomputed; `"dots"` keeps the contraction outputs (inside the
+pipeline's scan only: `Compiler.loop_remat`). A Megatron-style pipeline's stages: `stage_memories`.
 """
 
 from __future__ import annotations
@@ -81,9 +82,10 @@ class Compiler:
 
 
 # CPU: fitted to XLA's CPU memory analysis of 2- and 4-layer steps at D=256 (per-layer differences give the loop's
-# coefficients) and of the tiny preset on one device (perfmodel.md, "Memory"); tested on other presets and meshes.
+# coefficients) and of the tiny preset on one device (perfmodel.md, "Against the compiled train step"); tested on other
+# presets and meshes.
 # GPU xla: fitted to the one-H200 peaks of BERT-large with the XLA kernels (17.0 GiB at S=128 B=64, 24.8 GiB at
-# S=512 B=16: ~7 bytes per score; benchmarks/results/train-h200.md, session 29); the rest is assumed (bf16 halves
+# S=512 B=16: ~7 bytes per score; benchmarks/results/train-h200.md, "The step now"); the rest is assumed (bf16 halves
 # the CPU's float32 copies, cuBLAS reads transposed tables in place) until the runs in perfmodel.md confirm it.
 COMPILER = {
     "cpu": Compiler(loop=Activations(d=37.0, d_tp=16.0, f=14.0, nt=8.5, n=8, const=16), tp_extra=12.0,
@@ -162,7 +164,7 @@ def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float
 
 def head_workspace(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     """The MLM head's working set in the backward pass, the larger of two moments (from the live buffers of XLA's
-    schedule on the CPU, perfmodel.md "Memory"):
+    schedule on the CPU, perfmodel.md "Against the compiled train step"):
 
     * the softmax gradient: the float32 logits (B P V/tp) `logit_copies[0]` times over (logits, probabilities,
       their gradient, a transposed copy), the table's layout copies (`table_copies`), under fsdp the table

@@ -4,57 +4,69 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
     step = layers + heads + embedding + optimizer + exposed communication
 
 * layers: per layer pass (one microbatch through one layer), its GEMMs at the GEMM cost, flash attention's
-  matmuls at `FLASH_EFFICIENCY` of that rate, its memory-bound bytes (`layer_bytes`) at the copy rate; forward
-  once, backward as two GEMMs per forward GEMM and the backward bytes, full remat adding a forward. The plain
-  stack runs L passes on the local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch,
-  its p - 1 bubble ticks on filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a
-  Megatron-style stage idles there instead: the same time). jaxformer's tick loop also stacks every tick's
-  residuals (zero-filled, written, read back: `pipeline_overhead`).
+  matmuls at `FLASH_EFFICIENCY` of that rate (its measured speed), its memory-bound bytes (`layer_bytes`) at the
+  copy rate (under the XLA kernels also arithmetic-bound time, `layer_alu_seconds`); forward once, backward as two
+  GEMMs per forward GEMM and the backward bytes, full remat adding a forward. The plain stack runs L passes on the
+  local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch, its p - 1 bubble ticks on
+  filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a Megatron-style stage idles there
+  instead: the same time). jaxformer's tick loop also stacks every tick's residuals (zero-filled, written, read
+  back: `pipeline_overhead`).
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
-  overlapped in this XLA (benchmarks/results/distributed-2xh200.md, sessions 4-5: the async pair is made
-  synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire (session 13), so its gathers and
-  reduce-scatters are counted exposed too; tensor-parallel all-reduces and pipeline shifts sit on the critical
-  path by construction. `overlap_grads=True` assumes instead that the batch axes' gradient and weight traffic hides
-  behind the layers' compute (as PyTorch DDP/FSDP bucketing achieves), exposed only beyond it.
+  overlapped in this XLA (benchmarks/results/distributed-2xh200.md, "Data parallelism: where the remaining time
+  goes": the async pair is made synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire ("The
+  meshes now": 42.22 against 42.40 ms), so its gathers and reduce-scatters are counted exposed too; tensor-parallel
+  all-reduces and pipeline shifts sit on the critical path by construction. `overlap_grads=True` assumes instead
+  that the batch axes' gradient and weight traffic hides behind the layers' compute (as PyTorch DDP/FSDP bucketing
+  achieves), exposed only beyond it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from . import comm as _comm
 from . import memory as _memory
 from .hardware import Hardware
 from .workload import Backend, GPU, Strategy, Workload, attention_in_kernel, head_gemms, layer_gemms, local_params
 
-FLASH_EFFICIENCY = 0.6  # flash attention's matmuls vs a large GEMM (kernels-h200.md: ~60% at S=512, less at 128)
+# Flash attention runs its matmuls (forward + backward, 3.5 times the forward's 4 B S^2 D flop) at 158 TFLOP/s at
+# S=128 and 200 at S=512 on an H200 (kernels-h200.md, "Attention": not bound by its bytes), 22% and 28% of the GEMM
+# rate; log-linear in S between, and its time is that alone (its bytes are inside it).
+FLASH_EFFICIENCY = {128: 0.22, 512: 0.28}
+
+
+def flash_efficiency(seq: int) -> float:
+    (s0, e0), (s1, e1) = sorted(FLASH_EFFICIENCY.items())
+    x = min(max((math.log2(seq) - math.log2(s0)) / (math.log2(s1) - math.log2(s0)), -1.0), 1.0)
+    return e0 + x * (e1 - e0)
 OPTIMIZER_BYTES = 36.0  # per parameter: AdamW, clip norm, the non-finite guard, fused (datamovement-h200.md: 9.7 GB
 # of element-wise work outside the layers for BERT-large's 335M parameters, ~29 B, plus the gradients' cast)
 
 # The XLA kernels' memory-bound layer work, per token and layer (forward + backward): bytes at the copy rate plus
 # arithmetic-bound time (threefry dropout bits, softmax, erf), in multiples of D (whole), D/tp, F/tp and (N/tp) S.
-# Fitted to BERT-large's one-GPU steps with --kernels xla on an H200 and an H100 (train-h200.md session 29,
-# kernels-h100.md session 30): the H100 (30% less bandwidth, the same SMs) is only 5-7 ms slower, so about 34 GB of
-# the step's element-wise work is bandwidth-bound and the rest is not (S=128 -> 512 adds ~14 ms on both GPUs).
+# Fitted to BERT-large's one-GPU steps with --kernels xla on an H200 and an H100 (train-h200.md "The step now",
+# kernels-h100.md "Train step, BERT-large"): the H100 (30% less bandwidth, the same SMs) is only 5-7 ms slower, so
+# about 34 GB of the step's element-wise work is bandwidth-bound and the rest is not (S=128 -> 512 adds ~14 ms on
+# both GPUs).
 XLA_BYTES = dict(d=70.0, d_tp=30.0, f=17.0)
 XLA_ALU_PS = dict(d=40.0, d_tp=15.0, nt=11.3)  # picoseconds per element on an H100/H200 (Hardware.alu_scale)
 
 
 def layer_bytes(w: Workload, s: Strategy, e: int) -> tuple[float, float]:
     """(forward, backward) memory-bound bytes per token of one layer pass (each operator reads its inputs and writes
-    its outputs once). Pallas: flash attention reads q, k, v and writes the context and its log-sum-exp (backward:
-    reads those and the context's gradient, writes dq, dk, dv); each BDRLN reads its row input and residual and
-    writes its output and statistics (backward: the gradient, two saved rows, writes two gradients); bias+GELU reads
-    and writes F values (backward: three); the residual gradients are added by XLA (read two, write one); at S > 128
-    XLA adds the Q/K/V bias (jaxformer/ops.py)."""
+    its outputs once). Pallas: each BDRLN reads its row input and residual and writes its output and statistics
+    (backward: the gradient, two saved rows, writes two gradients); bias+GELU reads and writes F values (backward:
+    three); the residual gradients are added by XLA (read two, write one); at S > 128 XLA adds the Q/K/V bias
+    (jaxformer/ops.py). Flash attention is timed by its flop (`FLASH_EFFICIENCY`)."""
     cfg = w.model
-    D, Dt, Ft, n = cfg.hidden_size, cfg.hidden_size / s.tp, cfg.intermediate_size / s.tp, cfg.num_attention_heads / s.tp
+    D, Dt, Ft = cfg.hidden_size, cfg.hidden_size / s.tp, cfg.intermediate_size / s.tp
     if s.kernels == "xla":
         total = XLA_BYTES["d"] * D + XLA_BYTES["d_tp"] * Dt + XLA_BYTES["f"] * Ft
         return total / 3, 2 * total / 3
     bias = 2 * 3 * Dt * e if w.seq_len > 128 else 0.0
-    fwd = (4 * Dt * e + 4 * n) + 2 * (3 * D * e + 8) + 2 * Ft * e + bias
-    bwd = (8 * Dt * e + 8 * n) + 2 * (5 * D * e + 8) + 2 * 3 * D * e + 3 * Ft * e + bias
+    fwd = 2 * (3 * D * e + 8) + 2 * Ft * e + bias
+    bwd = 2 * (5 * D * e + 8) + 2 * 3 * D * e + 3 * Ft * e + bias
     return fwd, bwd
 
 
@@ -112,8 +124,8 @@ def _span(axis: str, s: Strategy) -> int:
 def comm_times(colls, s: Strategy, hw: Hardware, layers: int) -> list[tuple]:
     """(collective, seconds per step) pairs. Bandwidth is paid per byte; latency per message, where XLA's
     combiner sends a step's parameter traffic of one kind as one message per layer trip (the stacked layer
-    tensors, L trips in the plain loop) plus one for the rest (distributed-2xh200.md, session 4: one all-reduce per
-    trip for the layer's weights)."""
+    tensors, L trips in the plain loop) plus one for the rest (distributed-2xh200.md, "Data parallelism: where the
+    remaining time goes": one all-reduce per layer trip for the layer's weights)."""
     out, charged = [], set()
     for c in colls:
         span = _span(c.axis, s)
@@ -144,7 +156,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     fwd_gemm = bwd_gemm = 0.0
     for g in layer_gemms(cfg, tokens, batch, w.seq_len, s):
         if attention_in_kernel(g, s):
-            t = g.flop / (hw.gemm_rate * FLASH_EFFICIENCY)
+            t = g.flop / (hw.gemm_rate * flash_efficiency(w.seq_len))
             fwd_gemm, bwd_gemm = fwd_gemm + t, bwd_gemm + 2.5 * t  # flash backward: 5 matmuls for the forward's 2
         else:
             fwd_gemm += hw.gemm_time(g.flop)

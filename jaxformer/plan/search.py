@@ -88,7 +88,7 @@ def search(w: Workload, hw: Hardware, gpus: int, space: Space = Space(), backend
            overlap_grads: bool = False, progress: bool = False) -> list[Prediction]:
     """Every strategy, feasible ones first by step time, then infeasible ones with their reasons."""
     cands: Iterable[Strategy] = list(strategies(w, gpus, space))
-    if progress:
+    if progress and len(cands) > 200:  # a progress line for large searches
         from tqdm import tqdm
         cands = tqdm(cands, desc="strategies", unit="strategy", leave=False)
     preds = [evaluate(w, s, hw, gpus, backend, overlap_grads) for s in cands]
@@ -98,11 +98,11 @@ def search(w: Workload, hw: Hardware, gpus: int, space: Space = Space(), backend
 def table(preds: list[Prediction], top: int | None = None, show_infeasible: int = 10) -> str:
     """The ranked strategies with their breakdown, then (some of) the infeasible ones and why."""
     feas = [p for p in preds if p.feasible]
-    lines = [f"{'#':>3} {'strategy':<34}{'ms/step':>9}{'seq/s':>10}{'compute':>9}{'comm':>8}{'bubble':>8}"
+    lines = [f"{'#':>3} {'strategy':<38}{'ms/step':>9}{'seq/s':>10}{'compute':>9}{'comm':>8}{'bubble':>8}"
              f"{'comm GB':>9}{'mem GiB':>9} {'(params/grads/opt/act/tmp)'}"]
     for i, p in enumerate(feas[:top] if top else feas, 1):
         m = p.memory
-        lines.append(f"{i:>3} {p.strategy.label():<34}{p.step_time_s * 1e3:>9.2f}{p.seq_per_s:>10.1f}"
+        lines.append(f"{i:>3} {p.strategy.label():<38}{p.step_time_s * 1e3:>9.2f}{p.seq_per_s:>10.1f}"
                      f"{p.compute_s * 1e3:>9.2f}{p.comm_s * 1e3:>8.2f}{p.bubble * 100:>7.1f}%"
                      f"{p.comm_bytes / 1e9:>9.3f}{m.total / 2**30:>9.2f} "
                      f"({m.params / 2**30:.2f}/{m.grads / 2**30:.2f}/{m.optimizer / 2**30:.2f}/"
@@ -113,5 +113,5 @@ def table(preds: list[Prediction], top: int | None = None, show_infeasible: int 
     bad = [p for p in preds if not p.feasible]
     if bad and show_infeasible:
         lines += ["", f"infeasible: {len(bad)} (first {min(show_infeasible, len(bad))}):"]
-        lines += [f"    {p.strategy.label():<34}{p.reason}" for p in bad[:show_infeasible]]
+        lines += [f"    {p.strategy.label():<38} {p.reason}" for p in bad[:show_infeasible]]
     return "\n".join(lines)

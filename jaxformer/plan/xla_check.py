@@ -1,6 +1,6 @@
 """The model against the compiled train step on CPU devices: XLA's memory analysis, the collectives' bytes and the
 contraction flop of `Steps(...).train_step.compile(...)`, per strategy (what tests/test_plan.py asserts, and the
-table in benchmarks/results/perfmodel.md, "Memory" and "Communication").
+table in benchmarks/results/perfmodel.md, "Against the compiled train step").
 
     python -m jaxformer.plan.xla_check            # every case below, on 8 virtual CPU devices (~10 minutes)
 
