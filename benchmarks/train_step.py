@@ -7,13 +7,21 @@ Times `--steps` back-to-back steps after `--warmup` (the steps chain through the
 never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory
 (per device, the largest). `--batch-size` is global; with `--mesh` the step runs on that mesh of all devices
 (train.py's `--mesh/--microbatches/--pipeline-repeats`), without it on the default device, unsharded.
+
+`--record [FILE]` also appends the result as one JSON line to FILE (default benchmarks/results/runs.jsonl) with the
+date, the git commit and the compiled step's HLO counts (class flop/bytes and collective bytes, jaxformer.hlo_analysis)
+for `python -m jaxformer.plan --validate`.
 """
 
 import argparse
 import collections
+import datetime
 import json
+import re
 import statistics
+import subprocess
 import time
+from pathlib import Path
 
 import jax
 
@@ -21,14 +29,17 @@ from jaxformer import sharding
 from jaxformer.config import XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
 from jaxformer.data import synthetic_batch
 from jaxformer.hlo_analysis import analyze
+from jaxformer.plan.workload import hlo_counts
 from jaxformer.steps import Steps, build_model, make_optimizer
+
+RUNS = "benchmarks/results/runs.jsonl"
 
 
 def collective_summary(hlo: str) -> list[dict]:
     """The compiled step's collectives grouped by kind and trips per step (trips > 1: inside a loop, e.g. the layer
     scan), with their count and GB moved per step (jaxformer.hlo_analysis)."""
     groups = collections.defaultdict(lambda: [0, 0.0])
-    for op in analyze(hlo).ops:
+    for op in analyze(re.sub(r"/\*index=\d+\*/", "", hlo)).ops:  # the comments would hide every 5th operand
         if op.cls == "collective":
             g = groups[(op.kind, op.trips)]
             g[0] += 1
@@ -53,6 +64,8 @@ def main():
     ap.add_argument("--xla-opt-level", default="auto", choices=XLA_OPT_LEVELS)
     ap.add_argument("--xla-gemm", default="auto", choices=XLA_GEMMS)
     ap.add_argument("--dump-hlo", default=None, metavar="FILE", help="write the compiled train step's HLO text here")
+    ap.add_argument("--record", nargs="?", const=RUNS, default=None, metavar="FILE",
+                    help=f"append the result (with date, commit, HLO counts) as a JSON line to FILE (default {RUNS})")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
@@ -71,12 +84,14 @@ def main():
     p = max(1, round(0.15 * a.seq_len))
     batches = [steps.place_batch(synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed))
                for seed in range(4)]
-    collectives = None
-    if a.dump_hlo:
+    collectives = counts = None
+    if a.dump_hlo or a.record:
         hlo = steps.train_step.compile(state, batches[0]).as_text()
-        with open(a.dump_hlo, "w") as f:
-            f.write(hlo)
+        if a.dump_hlo:
+            with open(a.dump_hlo, "w") as f:
+                f.write(hlo)
         collectives = collective_summary(hlo)
+        counts = hlo_counts(hlo) if a.record else None
     t0 = time.perf_counter()
     state, m = steps.train_step(state, batches[0])
     jax.block_until_ready(m)
@@ -104,6 +119,30 @@ def main():
                   spread_ms=[round(x * 1e3, 2) for x in times], loss=float(m["loss"]),
                   peak_memory_gib=max(peaks), peak_memory_gib_per_device=[round(x, 2) for x in peaks])
     print(json.dumps(result))
+    if a.record:
+        record(a.record, result, counts)
+
+
+def git_commit() -> str:
+    """HEAD's hash, "+dirty" when the tree has uncommitted changes ("unknown" outside a git checkout)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def record(path: str, result: dict, counts: dict | None) -> None:
+    """Append `result` with the date, the commit and the HLO counts as one JSON line to `path`."""
+    line = dict(result, date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit())
+    if counts:
+        line.update(hlo_classes=counts["classes"], hlo_collectives=counts["collectives"])
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 if __name__ == "__main__":
