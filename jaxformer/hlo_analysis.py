@@ -150,7 +150,8 @@ def _parse_instr(line: str) -> Instr | None:
     close = _close(rest, om.end() - 1)
     operands = []
     for tok in _split_top(rest[om.end():close - 1]):
-        tok = tok.strip().split(" ")[-1].lstrip("%")  # older XLA prints "f32[2]{0} %x", newer just "%x"
+        # older XLA prints "f32[2]{0} %x", newer just "%x"; wide instructions mark every fifth one "/*index=N*/%x"
+        tok = re.sub(r"/\*.*?\*/", "", tok).strip().split(" ")[-1].lstrip("%")
         if tok:
             operands.append(tok)
     opcode = om.group(1)

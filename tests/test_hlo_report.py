@@ -69,6 +69,24 @@ def test_all_reduce_is_a_collective():
     assert rep.classes()["collective"]["bytes"] == ar["bytes"]
 
 
+def test_operands_after_index_comments_are_counted():
+    """XLA marks every fifth operand of a wide instruction `/*index=N*/%x`: that operand's bytes count too."""
+    text = """HloModule m, entry_computation_layout={()->f32[4]{0}}
+
+ENTRY %main () -> f32[4] {
+  %a = f32[4]{0} constant({1, 2, 3, 4})
+  %b = f32[4]{0} constant({1, 2, 3, 4})
+  %c = f32[4]{0} constant({1, 2, 3, 4})
+  %d = f32[4]{0} constant({1, 2, 3, 4})
+  %e = f32[4]{0} constant({1, 2, 3, 4})
+  %f = f32[4]{0} constant({1, 2, 3, 4})
+  ROOT %ar = (f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}) all-reduce(%a, %b, %c, %d, %e, /*index=5*/%f), replica_groups={}, to_apply=%add
+}
+"""
+    ar = analyze(text).collectives()["all-reduce"]
+    assert ar["count"] == 1 and ar["bytes"] == 2 * 6 * 16  # six f32[4] operands read, six written
+
+
 def test_while_loop_multiplies_by_trip_count():
     m, k = 16, 32
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import types
 
 from .. import sharding
@@ -278,9 +277,7 @@ def attention_in_kernel(g: Gemm, s: Strategy) -> bool:
 
 
 def hlo_counts(hlo_text: str) -> dict:
-    """Class totals and collective bytes of a compiled step (jaxformer.hlo_analysis), after removing XLA's
-    `/*index=N*/` operand comments, which hlo_analysis would otherwise read as part of every fifth operand's name of
-    a wide instruction (leaving those operands' bytes uncounted)."""
+    """Class totals and collective bytes of a compiled step (jaxformer.hlo_analysis)."""
     from ..hlo_analysis import analyze
-    rep = analyze(re.sub(r"/\*index=\d+\*/", "", hlo_text))
+    rep = analyze(hlo_text)
     return dict(classes=rep.classes(), collectives={k: v for k, v in rep.collectives().items() if v["count"]})
