@@ -45,8 +45,9 @@ class CompressionConfig:
       `warmup_start`, `warmup_start / 4`, ... above `density`; each level is its own compiled step.
     * `sample_fraction`: the sample per row for "sampled" (at least enough for about 60 sampled candidates).
     * `refresh_every`: "reused" recomputes the exact threshold every this many steps (Ok-Topk: 128).
-    * `rebalance_every`: "balanced" moves the region boundaries to the observed index quantiles every this many
-      steps (Ok-Topk: 64).
+    * `rebalance_every`: "balanced" moves the region boundaries to the ranks' mean index quantiles every this many
+      steps. Ok-Topk rebalances every 64 steps because it needs an extra all-reduce; here the quantiles ride on
+      the all-gather, so every step (the default) costs nothing more.
     * `send_slack`: "balanced": each all-to-all buffer holds `send_slack` times an even share of a rank's entries;
       what overflows stays in the sender's residual.
     * `gather_factor`: "balanced": each owner sends back at most `gather_factor` times an even share of k reduced
@@ -65,7 +66,7 @@ class CompressionConfig:
     warmup_start: float = 0.25
     sample_fraction: float = 0.01
     refresh_every: int = 128
-    rebalance_every: int = 64
+    rebalance_every: int = 1
     send_slack: float = 1.25
     gather_factor: float = 1.0
     axis: str = "data"
