@@ -4,6 +4,7 @@ devices, and the compressed train step against the dense one (equal at density 1
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from jaxformer.compression import CompressedSteps, CompressionConfig, sparse_all
 from jaxformer.compression import format as fmt
 from jaxformer.compression.selection import compact, select
 from jaxformer.compression.steps import _Levels, kernels_run_inside_manual_data
-from jaxformer.config import BertConfig, TrainConfig
+from jaxformer.config import BertConfig, MeshConfig, TrainConfig
 from jaxformer.data import synthetic_batch
 from jaxformer.hlo_analysis import analyze, nbytes
 from jaxformer.outputs import Checkpointer
@@ -38,13 +39,16 @@ def heavy(key, shape):
     ("refresh_every", 0, "refresh_every=0"), ("sample_fraction", 0.0, "sample_fraction=0.0"),
 ])
 def test_options_name_field_and_value(field, value, named):
-    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(named)):
         CompressionConfig(**{field: value})
 
 
 def test_compression_needs_a_data_axis_of_two_or_more():
     with pytest.raises(ValueError, match="axis='data'.*tensor=8"):
         CompressionConfig().check_mesh(sharding.make_mesh("tensor=8"))
+    with pytest.raises(ValueError, match="axis='data'.*data=1,fsdp=4"):  # the trainer's check, before any data work
+        CompressionConfig().check_mesh(MeshConfig.parse("fsdp=4"))
+    CompressionConfig().check_mesh(MeshConfig.parse("data=2,tensor=4"))
     model, _ = _model()
     with pytest.raises(ValueError, match="data axis"):
         CompressedSteps(model, make_optimizer(TC), TC, None, CompressionConfig())
@@ -155,9 +159,9 @@ STACKED = [False, True, False]
 
 
 @functools.cache
-def _exchanger(cfg, mesh, shapes, specs):
+def _exchanger(cfg, mesh, shapes, specs, density=None):
     """The transform, its state shardings and one jitted exchange of per-rank gradients (compiled once per case)."""
-    tx = sparse_allreduce(cfg, mesh, list(specs), STACKED)
+    tx = sparse_allreduce(cfg, mesh, list(specs), STACKED, density=density)
     like = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
     shardings = state_shardings(cfg, mesh, like, list(specs))
     init = jax.jit(lambda: tx.init(like), out_shardings=shardings)
@@ -173,10 +177,10 @@ def _exchanger(cfg, mesh, shapes, specs):
     return init, fn, [P(cfg.axis, *s) for s in specs]
 
 
-def _step(cfg, mesh, grads, state=None, specs=None):
+def _step(cfg, mesh, grads, state=None, specs=None, density=None):
     """One exchange of per-rank `grads` ((ranks, *shape) each): (per-rank updates, new state)."""
     specs = tuple(specs or [P()] * len(grads))
-    init, fn, rank_specs = _exchanger(cfg, mesh, tuple(g.shape[1:] for g in grads), specs)
+    init, fn, rank_specs = _exchanger(cfg, mesh, tuple(g.shape[1:] for g in grads), specs, density)
     grads = [jax.device_put(g, NamedSharding(mesh, s)) for g, s in zip(grads, rank_specs)]
     with jax.set_mesh(mesh):
         updates, state = fn(grads, init() if state is None else state)
@@ -292,6 +296,22 @@ def test_momentum_correction_and_local_clipping():
     scale = np.minimum(1.0, 1.0 / np.sqrt(8) / norms)
     for g, ui in zip(g1, u):
         np.testing.assert_allclose(ui[0], (g * scale.reshape(-1, *[1] * (g.ndim - 1))).sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_warm_up_level_dearer_than_dense_runs_the_dense_all_reduce():
+    """At density 0.25 over 8 ranks the all-gather would move more than a dense all-reduce: that level sends the
+    gradient plus the residual whole and empties the residual; the target level stays sparse."""
+    mesh = sharding.make_mesh("data=8")
+    cfg = CompressionConfig(density=0.01, exchange="allgather", min_size=4096, warmup_steps=10)
+    assert cfg.levels()[0] == (0, 0.25)
+    _, state = _step(cfg, mesh, _grads(0))  # the target level: sparse, leaves a residual
+    residual = [np.asarray(r, np.float64) for r in jax.tree.leaves(state.residual)]
+    assert all(np.any(r != 0) for r in residual[:2])
+    grads = _grads(1)
+    updates, state = _step(cfg, mesh, grads, state, density=0.25)
+    for u, g, r in zip(updates, grads, residual):
+        np.testing.assert_allclose(u[0], (g + r).sum(0), rtol=1e-5, atol=1e-5)
+    assert all(np.all(np.asarray(r) == 0) for r in jax.tree.leaves(state.residual))
 
 
 def test_exchange_works_on_each_devices_shards_of_tensor_and_pipeline():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from pallas_kernels.mesh import MESH_AXES
+
 EXCHANGES = ("allgather", "balanced")
 SELECTIONS = ("exact", "sampled", "reused")
 VALUE_DTYPES = ("bfloat16", "float32")
@@ -112,8 +114,14 @@ class CompressionConfig:
         return [d for start, d in self.levels() if start <= step][-1]
 
     def check_mesh(self, mesh) -> None:
-        """Raise ValueError unless `mesh` (a Mesh or {axis: size}) has the compressed axis with more than one device."""
-        shape = dict(mesh.shape) if hasattr(mesh, "shape") else dict(mesh or {})
+        """Raise ValueError unless `mesh` (a Mesh, a resolved MeshConfig or {axis: size}) has the compressed axis with
+        more than one device."""
+        if isinstance(mesh, dict) or mesh is None:
+            shape = dict(mesh or {})
+        elif hasattr(mesh, "shape"):
+            shape = dict(mesh.shape)
+        else:
+            shape = {a: getattr(mesh, a) for a in MESH_AXES}
         size = shape.get(self.axis, 1)
         if size < 2:
             described = ",".join(f"{a}={n}" for a, n in shape.items()) or "one device"

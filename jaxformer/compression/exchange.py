@@ -61,9 +61,9 @@ class Layout:
             k = min(cols, math.ceil(density * cols)) if sparse else 0
             leaves.append(Leaf(shape, rows, cols, sparse, k, off[sparse]))
             off[sparse] += rows * cols
-        if off[True] >= 2 ** 31 - 1:
-            raise ValueError(f"the sparse index space of one device ({off[True]} entries) does not fit int32; split "
-                             f"the parameters over more devices (tensor or pipeline)")
+        if off[True] >= 2 ** 30:  # int32 indices, with room for boundary arithmetic
+            raise ValueError(f"the sparse index space of one device ({off[True]} entries) is too large for int32 "
+                             f"indices; split the parameters over more devices (tensor or pipeline)")
         return cls(tuple(leaves), off[True], off[False])
 
     @property

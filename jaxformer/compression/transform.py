@@ -75,7 +75,7 @@ def exchange_is_cheaper(layout: ex.Layout, config: CompressionConfig, ranks: int
     not run the dense all-reduce instead; the target density always runs sparse)."""
     sparse = ex.wire_bytes(layout, ranks, config.exchange, config.value_dtype, config.send_slack,
                            config.gather_factor)
-    return density >= config.density or sparse < ex.wire_bytes(layout, ranks, "dense", "float32")
+    return density == config.density or sparse < ex.wire_bytes(layout, ranks, "dense", "float32")
 
 
 def sparse_allreduce(config: CompressionConfig, mesh, specs=None, stacked=None, *,
