@@ -112,7 +112,7 @@ def bytes_table(a) -> None:
                        params=n_params, payload_mb=sum(o["payload"] for o in ops) / 1e6,
                        wire_mb=sum(o["wire"] for o in ops) / 1e6,
                        all_reduce_mb=sum(o["payload"] for o in ops if o["kind"] == "all-reduce") / 1e6,
-                       collectives={k: sum(1 for o in ops if o["kind"] == k) for k in {o["kind"] for o in ops}},
+                       collectives={k: sum(1 for o in ops if o["kind"] == k) for k in sorted({o["kind"] for o in ops})},
                        compile_s=round(time.perf_counter() - t, 1))
             if comp is not None:
                 layout = _layout(model, steps.mesh, comp)

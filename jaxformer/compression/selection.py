@@ -14,7 +14,8 @@ below 0) are never chosen. The methods differ in the per-row threshold they star
 A row admits the entries at or above its threshold. "exact" sends them (k, or more on ties: cut by index). The
 estimated thresholds are refined: a row's first 2k admitted entries are its candidates, of which it keeps the k
 largest. Everything after the thresholds works on all rows at once (running counts, one sort), so the compiled step
-grows little with the number of tensors. A row that admits fewer than k entries sends fewer; the rest stays in the residual.
+grows little with the number of tensors. A row that admits fewer than k entries sends fewer; the rest stays in the
+residual.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def sampled_thresholds(mags, ks, key, fraction: float):
             continue
         picks = jnp.minimum((u[at:at + r * s] * m).astype(jnp.int32), m - 1).reshape(r, s)
         at += r * s
-        out.append(kth_largest(jnp.take_along_axis(mag, picks, axis=-1), min(s, max(1, round(CANDIDATES * k * s / m)))))
+        sample = jnp.take_along_axis(mag, picks, axis=-1)
+        out.append(kth_largest(sample, min(s, max(1, round(CANDIDATES * k * s / m)))))
     return out
 
 
