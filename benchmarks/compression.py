@@ -62,8 +62,7 @@ def collective_bytes(hlo: str, devices: int) -> list[dict]:
         ins, comp = instrs[op.name]
         types = {i.name: i.type for i in comps[comp]}
         g = _group_size(ins.attrs, devices)
-        # Long operand lists carry /*index=N*/ comments, which the parser leaves on the names.
-        payload = sum(nbytes(types.get(re.sub(r"/\*.*?\*/%?", "", o), "")) for o in ins.operands)
+        payload = sum(nbytes(types.get(o, "")) for o in ins.operands)
         factor = {"all-reduce": 2 * (g - 1) / g, "all-gather": (g - 1), "collective-permute": 1.0}.get(
             op.kind, (g - 1) / g)  # all-gather: (g-1)/g of a result g times the operand
         out.append(dict(kind=op.kind, group=g, trips=op.trips, payload=payload * op.trips,
