@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -50,6 +51,13 @@ def _check_blocks(batch_size: int, block: int, n_blocks: int) -> None:
     if n_blocks < 1 or not 0 <= block < n_blocks or batch_size % n_blocks:
         raise DataError(f"bad sharding: block={block}, n_blocks={n_blocks}, batch_size={batch_size} "
                         "(0 <= block < n_blocks, and n_blocks must divide batch_size)")
+
+
+def _stream(data: PreparedSet, seed: int, batch_size: int, mask_prob: float, max_predictions: int) -> dict:
+    """What the global batch stream depends on (not the process blocks or workers that read it)."""
+    return dict(data=data.manifest["inputs"]["sha256"], tokenizer=data.manifest["tokenizer"]["sha256"],
+                seq_len=data.seq_len, pair_seed=data.pair_seed, seed=seed, batch_size=batch_size,
+                mask_prob=mask_prob, max_predictions=max_predictions)
 
 
 class _TrainBatch:
@@ -93,10 +101,7 @@ class TrainBatches:
             if not flags.FLAGS.is_parsed():
                 flags.FLAGS.mark_as_parsed()
         self.step, self.wait_seconds, self.last_wait_seconds = start_step, 0.0, 0.0
-        self._header = dict(format=STATE_FORMAT, data=data.manifest["inputs"]["sha256"],
-                            tokenizer=data.manifest["tokenizer"]["sha256"], seq_len=data.seq_len,
-                            pair_seed=data.pair_seed, seed=seed, batch_size=batch_size, mask_prob=mask_prob,
-                            max_predictions=max_predictions)
+        self._stream = _stream(data, seed, batch_size, mask_prob, max_predictions)
         fn = _TrainBatch(data, batch_size, seed, block, n_blocks, mask_prob, max_predictions)
         ds = grain.MapDataset.range(start_step, sys.maxsize).map(fn)
         # With workers, each runs one batch at a time (they are the parallelism); without, threads of this process.
@@ -104,14 +109,25 @@ class TrainBatches:
         if workers:
             it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=prefetch))
         self._it = iter(it)
+        # The first batch is asked for now, in a thread, so that the workers start (seconds: each imports grain and
+        # jax) while the caller does other work, e.g. compiles the model. Grain 0.2.18's start_prefetch() does not
+        # reach the workers of an interleaved mp_prefetch.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="jaxformer-loader-start")
+        self._first: Future | None = pool.submit(next, self._it)
+        pool.shutdown(wait=False)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
         start = time.perf_counter()
+        if self._first is not None:
+            first, self._first = self._first, None
+            raw = first.result()
+        else:
+            raw = next(self._it)
         # Plain arrays: Grain's workers hand over shared-memory arrays, released once the copy is made.
-        batch = {k: np.array(v) for k, v in next(self._it).items()}
+        batch = {k: np.array(v) for k, v in raw.items()}
         self.last_wait_seconds = time.perf_counter() - start
         self.wait_seconds += self.last_wait_seconds
         self.step += 1
@@ -119,10 +135,15 @@ class TrainBatches:
 
     def state(self) -> bytes:
         """JSON bytes: the step of the next batch and what the stream depends on."""
-        return json.dumps(dict(self._header, step=self.step)).encode()
+        return json.dumps(dict(format=STATE_FORMAT, **self._stream, step=self.step)).encode()
 
     def close(self) -> None:
-        self._it.close()
+        if self._first is not None:  # the iterator is not thread-safe: let the first request finish
+            self._first.exception()
+            self._first = None
+        if self._it is not None:
+            self._it.close()
+            self._it = None  # collected now, not at interpreter exit (where Grain's __del__ fails noisily)
 
     def __enter__(self):
         return self
@@ -165,9 +186,7 @@ def restore_step(state: bytes, data: PreparedSet, batch_size: int, seed: int, ma
             raise ValueError("not a loader state")
     except (ValueError, AttributeError, TypeError) as e:
         raise DataError(f"the data iterator state is unreadable ({e}): {bytes(state)[:80]!r}") from e
-    now = dict(data=data.manifest["inputs"]["sha256"], tokenizer=data.manifest["tokenizer"]["sha256"],
-               seq_len=data.seq_len, pair_seed=data.pair_seed, seed=seed, batch_size=batch_size,
-               mask_prob=mask_prob, max_predictions=max_predictions)
+    now = _stream(data, seed, batch_size, mask_prob, max_predictions)
     if diff := [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in now.items() if saved.get(k) != v]:
         raise DataError("the data iterator state was saved for another data stream: " + "; ".join(diff))
     return saved["step"]

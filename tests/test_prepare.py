@@ -215,6 +215,18 @@ def test_process_blocks_partition_the_global_batch(numbered):
         assert_same_batch({k: np.concatenate([b0[k], b1[k]]) for k in batch}, batch)
 
 
+def test_a_shard_lost_after_opening_fails_the_batch_that_reads_it(numbered, tmp_path):
+    out = tmp_path / "p"
+    shutil.copytree(numbered.out, out)
+    loader.train_batches(PreparedSet(out), 8, workers=0).close()  # closing before the first batch
+    data = PreparedSet(out)
+    lost = out / numbered.manifest["shards"]["train"][-1]["file"]
+    lost.unlink()
+    with pytest.raises(DataError, match=re.escape(f"shard {lost} cannot be read")):
+        with loader.train_batches(data, 8, workers=0) as it:
+            take(it, 20)
+
+
 def test_loader_argument_errors(numbered):
     data = numbered.data
     with pytest.raises(DataError, match="bad sharding"):
