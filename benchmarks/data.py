@@ -10,7 +10,8 @@
 its documents shuffled, its sentences' words rotated and one word replaced by a number, in a random order). --prepare runs
 jaxformer.prepare with a vocabulary trained on the built-in corpus (kept in --vocab-dir) and prints MB of text per
 second. --load opens the prepared set and times the first batch (no compile: the loader alone) and then --batches
-more, with the resident memory of this process and of Grain's workers, then times a full checksum verification. --train feeds the loader's batches to the
+more, with the resident memory (private and file-backed) of this process and of Grain's workers, then times a full
+checksum verification. --train feeds the loader's batches to the
 real train step (one process, all local devices with --mesh) and prints ms/step against pre-placed synthetic
 batches and the time each step waited for data. Each mode prints one JSON line.
 """
@@ -98,11 +99,23 @@ def run_prepare(corpus: str, out: str, workers: int, seq_len: int, vocab_dir: Pa
                 load_average=os.getloadavg())
 
 
-def _rss_gib() -> tuple[float, list[float]]:
+def _memory_gib() -> dict:
+    """Resident memory of this process and of its children (Grain's workers): private (RssAnon: what the process
+    itself holds) and file-backed (RssFile: mapped shard pages, shared page cache that the kernel can drop)."""
     import psutil
 
+    def status(pid: int) -> dict:
+        fields = {}
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) / 2**20  # kB -> GiB
+        return fields
     me = psutil.Process()
-    return me.memory_info().rss / 2**30, [c.memory_info().rss / 2**30 for c in me.children(recursive=True)]
+    procs = [status(me.pid)] + [status(c.pid) for c in me.children(recursive=True)]
+    return dict(rss_anon_gib=[round(p["RssAnon"], 3) for p in procs],
+                rss_file_gib=[round(p["RssFile"], 3) for p in procs],
+                rss_anon_gib_total=round(sum(p["RssAnon"] for p in procs), 3))
 
 
 def run_load(root: str, workers: int, batch_size: int, batches: int, step_ms: float) -> dict:
@@ -122,7 +135,7 @@ def run_load(root: str, workers: int, batch_size: int, batches: int, step_ms: fl
         next(it)
         waits.append(it.last_wait_seconds)
     steady = time.perf_counter() - t
-    main_rss, worker_rss = _rss_gib()
+    memory = _memory_gib()
     it.close()
     t = time.perf_counter()
     PreparedSet(root, verify="checksum")
@@ -132,8 +145,7 @@ def run_load(root: str, workers: int, batch_size: int, batches: int, step_ms: fl
                 workers=workers, batch_size=batch_size, open_s=round(opened, 3), first_batch_s=round(first, 2),
                 batches_per_s=round(batches / steady, 1) if not step_ms else None, step_ms=step_ms,
                 wait_ms_per_step=round(1e3 * statistics.mean(waits), 3), max_wait_ms=round(1e3 * max(waits), 2),
-                rss_gib_main=round(main_rss, 3), rss_gib_workers=[round(x, 3) for x in worker_rss],
-                rss_gib_total=round(main_rss + sum(worker_rss), 3), checksum_verify_s=round(verify_s, 1),
+                **memory, checksum_verify_s=round(verify_s, 1),
                 load_average=os.getloadavg())
 
 
