@@ -150,8 +150,8 @@ def run_load(root: str, workers: int, batch_size: int, batches: int, step_ms: fl
 
 
 def compare_formats(root: str, batch_size: int, batches: int) -> dict:
-    """Random batches of rows from the first train shard as memory-mapped .npy (the prepared format) and as the
-    same rows in an ArrayRecord file (one record per row, group_size:1 for random access, read through Grain's
+    """Random batches of rows from the first train shard read from the .npy file (positioned reads, as the loader
+    does, or a memory map) and from the same rows in an ArrayRecord file (one record per row, group_size:1 for random access, read through Grain's
     ArrayRecordDataSource)."""
     import numpy as np
     from array_record.python.array_record_module import ArrayRecordWriter
@@ -171,7 +171,8 @@ def compare_formats(root: str, batch_size: int, batches: int) -> dict:
     rng = np.random.default_rng(0)
     picks = [rng.integers(0, len(rows), batch_size) for _ in range(batches)]
     times = {}
-    for name, read in (("npy_mmap", rows.read),
+    shard = np.load(data.root / first["file"], mmap_mode="r")
+    for name, read in (("npy_pread", rows.read), ("npy_mmap", lambda ids: shard[ids]),
                        ("array_record", lambda ids: np.frombuffer(b"".join(source.__getitems__(ids.tolist())),
                                                                   rows.dtype))):
         for ids in picks[:5]:

@@ -224,18 +224,19 @@ def _tokenize(pool, work: Path, files: list[Path], chunk_bytes: int, dtype: np.d
 def _pairs(work: Path, config: DataConfig) -> tuple[dict[str, Pairs], int]:
     """Stage 3: the eval split and the NSP pairs of both splits (sequential: one random stream); the pairs and
     the number of eval documents."""
-    if not (work / "pairs.npz").exists():
-        with np.load(work / "corpus.npz") as z:
-            sent_starts = np.concatenate([[0], np.cumsum(z["sent_lens"])])
-            doc_starts = np.concatenate([[0], np.cumsum(z["doc_sizes"])])
-        is_eval = eval_documents(len(doc_starts) - 1, config.eval_fraction)
-        rng = random.Random(config.seed)  # train first, then eval, as data.PretrainingData does
-        pairs = {s: make_pairs(sent_starts, doc_starts, np.flatnonzero(docs), rng, config.seq_len,
-                               config.short_seq_prob) for s, docs in (("train", ~is_eval), ("eval", is_eval))}
-        savez(work / "pairs.npz", eval_documents=int(is_eval.sum()),
-              **{f"{s}_{k}": v for s, p in pairs.items() for k, v in p._asdict().items()})
-    with np.load(work / "pairs.npz") as z:
-        return {s: Pairs(*(z[f"{s}_{k}"] for k in Pairs._fields)) for s in SPLITS}, int(z["eval_documents"])
+    if (work / "pairs.npz").exists():
+        with np.load(work / "pairs.npz") as z:
+            return {s: Pairs(*(z[f"{s}_{k}"] for k in Pairs._fields)) for s in SPLITS}, int(z["eval_documents"])
+    with np.load(work / "corpus.npz") as z:
+        sent_starts = np.concatenate([[0], np.cumsum(z["sent_lens"])])
+        doc_starts = np.concatenate([[0], np.cumsum(z["doc_sizes"])])
+    is_eval = eval_documents(len(doc_starts) - 1, config.eval_fraction)
+    rng = random.Random(config.seed)  # train first, then eval, as data.PretrainingData does
+    pairs = {s: make_pairs(sent_starts, doc_starts, np.flatnonzero(docs), rng, config.seq_len,
+                           config.short_seq_prob) for s, docs in (("train", ~is_eval), ("eval", is_eval))}
+    savez(work / "pairs.npz", eval_documents=int(is_eval.sum()),
+          **{f"{s}_{k}": v for s, p in pairs.items() for k, v in p._asdict().items()})
+    return pairs, int(is_eval.sum())
 
 
 def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_per_shard: int | None = None,

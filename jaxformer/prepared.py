@@ -7,10 +7,11 @@ Layout of a prepared directory::
     train-00000.npy ...  rows of the training split, ``rows_per_shard`` per file (the last may hold fewer)
     eval-00000.npy ...   rows of the held-out split
 
-Each shard is a plain ``.npy`` file of structured rows (``examples.row_dtype``: the assembled ``[CLS] A [SEP] B
-[SEP]`` ids padded to ``seq_len``, then per segment the lengths of A and B and the NSP label), memory-mapped when read:
-a batch is one fancy-indexed gather, with no per-record decoding, and the page cache is shared by every process and
-worker of a machine. Row i of a split is example i of ``data.PretrainingData``'s split of the same corpus and seed.
+Each shard is a plain ``.npy`` file of fixed-size structured rows (``examples.row_dtype``: the assembled ``[CLS] A
+[SEP] B [SEP]`` ids padded to ``seq_len``, then per segment the lengths of A and B and the NSP label): row i is at a
+fixed offset, so a batch is one positioned read per row with no decoding (ArrayRecord's per-record reader was ~60x
+slower per batch, benchmarks/results/data.md, Format), and the page cache is shared by every process and worker
+of a machine. Row i of a split is example i of ``data.PretrainingData``'s split of the same corpus and seed.
 """
 from __future__ import annotations
 
@@ -118,45 +119,60 @@ def verify_shards(root: Path, manifest: dict, checksums: bool, threads: int = 8)
 
 class ShardedRows:
     """Random access to the rows of one split (Grain's ``RandomAccessDataSource`` protocol: ``len`` and
-    ``[index]``; ``read(indices)`` gathers many at once). Shards are memory-mapped on first use in each process;
+    ``[index]``; ``read(indices)`` gathers many at once). Rows are read with ``pread``, not a memory map: a map of
+    randomly read rows makes the process's resident size grow with the shard pages the kernel maps around each read
+    (page cache either way, but counted as the process's memory). Shards are opened on first use in each process;
     pickling (to Grain's worker processes) carries the file list only."""
 
     def __init__(self, root: Path, shards: list[dict], rows_per_shard: int, dtype: np.dtype):
-        self.root, self.files = root, [s["file"] for s in shards]
+        self.root, self.files, self.rows = root, [s["file"] for s in shards], [s["rows"] for s in shards]
         self.rows_per_shard, self.dtype = rows_per_shard, dtype
-        self._len = sum(s["rows"] for s in shards)
-        self._maps: list[np.ndarray] | None = None
+        self._len = sum(self.rows)
+        self._open_files: list[tuple[int, int]] | None = None  # (file descriptor, offset of row 0) per shard
 
     def __len__(self) -> int:
         return self._len
 
     def __getstate__(self):
-        return {**self.__dict__, "_maps": None}
+        return {**self.__dict__, "_open_files": None}
 
-    def _open(self) -> list[np.ndarray]:
-        if self._maps is None:
-            maps = []
-            for name in self.files:
+    def __del__(self):
+        for fd, _ in self._open_files or ():
+            os.close(fd)
+
+    def _open(self) -> list[tuple[int, int]]:
+        if self._open_files is None:
+            opened = []
+            for name, rows in zip(self.files, self.rows):
+                path = self.root / name
                 try:
-                    m = np.load(self.root / name, mmap_mode="r", allow_pickle=False)
+                    with open(path, "rb") as f:
+                        version = np.lib.format.read_magic(f)
+                        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                            np.lib.format.read_array_header_2_0
+                        shape, _, dtype = read_header(f)
+                        start = f.tell()
+                    size = path.stat().st_size
                 except (OSError, ValueError) as e:
-                    raise DataError(f"shard {self.root / name} cannot be read: {e}") from e
-                if m.dtype != self.dtype:
-                    raise DataError(f"shard {self.root / name} holds {m.dtype}, the manifest says {self.dtype}")
-                maps.append(m)
-            self._maps = maps
-        return self._maps
+                    raise DataError(f"shard {path} cannot be read: {e}") from e
+                if dtype != self.dtype or shape != (rows,) or size != start + rows * dtype.itemsize:
+                    raise DataError(f"shard {path} holds {shape} rows of {dtype} in {size} bytes; the manifest "
+                                    f"says ({rows},) of {self.dtype}")
+                opened.append((os.open(path, os.O_RDONLY), start))
+            self._open_files = opened
+        return self._open_files
 
     def read(self, indices) -> np.ndarray:
         indices = np.asarray(indices, np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= self._len):
             raise IndexError(f"row index out of range 0..{self._len - 1}")
-        maps, out = self._open(), np.empty(len(indices), self.dtype)
+        files, size = self._open(), self.dtype.itemsize
         shard, offset = np.divmod(indices, self.rows_per_shard)
-        for s in np.unique(shard):
-            where = shard == s
-            out[where] = maps[s][offset[where]]
-        return out
+        raw = b"".join(os.pread(files[s][0], size, files[s][1] + o * size)
+                       for s, o in zip(shard.tolist(), offset.tolist()))
+        if len(raw) != size * len(indices):
+            raise DataError(f"a shard under {self.root} is shorter than its manifest entry (truncated after opening)")
+        return np.frombuffer(raw, self.dtype)
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.read([index])[0]
