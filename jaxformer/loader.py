@@ -216,11 +216,14 @@ def eval_batches(data: PreparedSet, batch_size: int, seed: int = 0, limit: int |
 
 
 def most_frequent_token_baseline(data: PreparedSet, seed: int = 0, mask_prob: float = 0.15,
-                                 max_predictions: int | None = None, chunk: int = 4096) -> float:
-    """MLM accuracy on the eval split of always predicting its most frequent masked label."""
+                                 max_predictions: int | None = None, limit: int | None = None,
+                                 chunk: int = 4096) -> float:
+    """MLM accuracy on the eval split (its first ``limit`` examples; None: all, ~20 us an example) of always
+    predicting its most frequent masked label."""
     n_pred = _max_predictions(data, mask_prob, max_predictions)
+    n = data.num_eval_examples if limit is None else min(limit, data.num_eval_examples)
     counts = np.zeros(data.vocab_size, np.int64)
-    for a in range(0, data.num_eval_examples, chunk):
-        batch = _eval_rows(data, np.arange(a, min(a + chunk, data.num_eval_examples)), seed, mask_prob, n_pred)
+    for a in range(0, n, chunk):
+        batch = _eval_rows(data, np.arange(a, min(a + chunk, n)), seed, mask_prob, n_pred)
         counts += np.bincount(batch["masked_labels"][batch["masked_weights"] > 0], minlength=data.vocab_size)
     return float(counts.max() / counts.sum())

@@ -16,6 +16,7 @@ of a machine. Row i of a split is example i of ``data.PretrainingData``'s split 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -128,7 +129,7 @@ class ShardedRows:
         self.root, self.files, self.rows = root, [s["file"] for s in shards], [s["rows"] for s in shards]
         self.rows_per_shard, self.dtype = rows_per_shard, dtype
         self._len = sum(self.rows)
-        self._open_files: list[tuple[int, int]] | None = None  # (file descriptor, offset of row 0) per shard
+        self._open_files: list[tuple[io.FileIO, int]] | None = None  # (file, offset of row 0) per shard
 
     def __len__(self) -> int:
         return self._len
@@ -136,11 +137,7 @@ class ShardedRows:
     def __getstate__(self):
         return {**self.__dict__, "_open_files": None}
 
-    def __del__(self):
-        for fd, _ in self._open_files or ():
-            os.close(fd)
-
-    def _open(self) -> list[tuple[int, int]]:
+    def _open(self) -> list[tuple[io.FileIO, int]]:
         if self._open_files is None:
             opened = []
             for name, rows in zip(self.files, self.rows):
@@ -158,7 +155,7 @@ class ShardedRows:
                 if dtype != self.dtype or shape != (rows,) or size != start + rows * dtype.itemsize:
                     raise DataError(f"shard {path} holds {shape} rows of {dtype} in {size} bytes; the manifest "
                                     f"says ({rows},) of {self.dtype}")
-                opened.append((os.open(path, os.O_RDONLY), start))
+                opened.append((open(path, "rb", buffering=0), start))  # closed when collected
             self._open_files = opened
         return self._open_files
 
@@ -168,7 +165,7 @@ class ShardedRows:
             raise IndexError(f"row index out of range 0..{self._len - 1}")
         files, size = self._open(), self.dtype.itemsize
         shard, offset = np.divmod(indices, self.rows_per_shard)
-        raw = b"".join(os.pread(files[s][0], size, files[s][1] + o * size)
+        raw = b"".join(os.pread(files[s][0].fileno(), size, files[s][1] + o * size)
                        for s, o in zip(shard.tolist(), offset.tolist()))
         if len(raw) != size * len(indices):
             raise DataError(f"a shard under {self.root} is shorter than its manifest entry (truncated after opening)")
