@@ -24,6 +24,7 @@ import random
 import resource
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,9 +82,23 @@ def run_prepare(corpus: str, out: str, workers: int, seq_len: int, vocab_dir: Pa
     def cpu_seconds() -> float:  # this process and its (finished) workers: the work, whatever else the machine runs
         return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF,
                                                                               resource.RUSAGE_CHILDREN)))
+    peaks, stop = {"main": 0.0, "worker": 0.0, "total": 0.0}, threading.Event()
+
+    def sample() -> None:  # private resident memory (RssAnon) every 0.2 s: ru_maxrss counts mapped file pages too
+        while not stop.wait(0.2):
+            try:
+                memory = _memory_gib()["rss_anon_gib"]
+            except Exception:  # noqa: BLE001 - a worker exited between listing and reading
+                continue
+            peaks.update(main=max(peaks["main"], memory[0]), worker=max([peaks["worker"], *memory[1:]]),
+                         total=max(peaks["total"], sum(memory)))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     start, cpu0 = time.perf_counter(), cpu_seconds()
     m = prepare(DataConfig(paths=corpus, seq_len=seq_len, vocab=str(vocab)), out, workers=workers, progress=False)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu0
+    stop.set()
+    sampler.join()
     mb = m["counts"]["bytes"] / 1e6
     shard_bytes = sum(s["bytes"] for split in m["shards"].values() for s in split)
     rss = lambda who: resource.getrusage(who).ru_maxrss / 2**20  # noqa: E731 (GiB; ru_maxrss is in KiB)
@@ -96,6 +111,7 @@ def run_prepare(corpus: str, out: str, workers: int, seq_len: int, vocab_dir: Pa
                 bytes_per_corpus_token=round(shard_bytes / m["counts"]["tokens"], 3), row_bytes=m["row_bytes"],
                 peak_rss_gib_main=round(rss(resource.RUSAGE_SELF), 3),
                 peak_rss_gib_largest_worker=round(rss(resource.RUSAGE_CHILDREN), 3),
+                peak_private_gib=dict((k, round(v, 3)) for k, v in peaks.items()),
                 load_average=os.getloadavg())
 
 

@@ -205,14 +205,13 @@ def _tokenize(pool, work: Path, files: list[Path], chunk_bytes: int, dtype: np.d
     if counts["sentences"] == 0:
         raise DataError(f"corpus {', '.join(map(str, files))} contains no sentences")
 
-    def write_tokens(tmp: Path) -> None:
-        flat = np.lib.format.open_memmap(tmp, "w+", dtype, (counts["tokens"],))
-        at = 0
-        for p in pieces:
-            with np.load(p) as z:
-                flat[at:at + len(z["tokens"])] = z["tokens"]
-                at += len(z["tokens"])
-        flat.flush()
+    def write_tokens(tmp: Path) -> None:  # plain writes: a writable memory map would count as this process's memory
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array_header_2_0(f, dict(descr=np.lib.format.dtype_to_descr(dtype),
+                                                         fortran_order=False, shape=(counts["tokens"],)))
+            for p in pieces:
+                with np.load(p) as z:
+                    f.write(z["tokens"].tobytes())
     write_atomic(work / "tokens.npy", write_tokens)
     savez(work / "corpus.npz", sent_lens=np.concatenate(sent_lens), doc_sizes=np.concatenate(doc_sizes),
         counts=json.dumps(counts))
