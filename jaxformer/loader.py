@@ -136,9 +136,13 @@ class TrainBatches:
         self.step += 1
         return batch
 
-    def state(self) -> bytes:
-        """JSON bytes: the step of the next batch and what the stream depends on."""
-        return json.dumps(dict(format=STATE_FORMAT, **self._stream, step=self.step)).encode()
+    def state(self, step: int | None = None) -> bytes:
+        """JSON bytes: the step to continue from (default: that of the next batch this iterator yields; a consumer
+        that prefetches passes the step it has trained) and what the stream depends on."""
+        step = self.step if step is None else step
+        if not isinstance(step, int) or step < 0:
+            raise DataError(f"step={step!r} must be an integer >= 0")
+        return json.dumps(dict(format=STATE_FORMAT, **self._stream, step=step)).encode()
 
     def close(self) -> None:
         if self._first is not None:  # the iterator is not thread-safe: let the first request finish
@@ -153,6 +157,12 @@ class TrainBatches:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def steps_per_epoch(data: PreparedSet, batch_size: int) -> int:
+    """Full global batches per epoch (the last partial batch of an epoch is dropped)."""
+    _check_blocks(batch_size, 0, 1)
+    return data.num_train_examples // batch_size
 
 
 def train_batches(data: PreparedSet, batch_size: int, seed: int = 0, start_step: int = 0, block: int = 0,

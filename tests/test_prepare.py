@@ -185,12 +185,14 @@ def test_resume_from_the_iterator_state_is_exact(numbered):
     with loader.train_batches(data, 8, seed=SEED, workers=2) as it:  # Grain's worker processes
         head = take(it, spe - 2)
         state = it.state()
-    assert json.loads(state)["step"] == spe - 2
+    assert json.loads(state)["step"] == spe - 2 and loader.steps_per_epoch(data, 8) == spe
     for a, b in zip(head, straight):
         assert_same_batch(a, b)
     with loader.train_batches(data, 8, seed=SEED, workers=0, state=state) as it:
         for a, b in zip(take(it, 8), straight[spe - 2:]):
             assert_same_batch(a, b)
+    with loader.train_batches(data, 8, seed=SEED, workers=0, state=it.state(spe + 1)) as again:
+        assert_same_batch(next(again), straight[spe + 1])
     with pytest.raises(DataError, match="seed: saved 7, now 8"):
         loader.train_batches(data, 8, seed=SEED + 1, workers=0, state=state)
     with pytest.raises(DataError, match="batch_size: saved 8, now 16"):
