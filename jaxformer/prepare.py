@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .corpus import (DataError, PathLike, builtin_corpus, load_or_train_tokenizer, resolve_paths,
                      special_token_ids, split_sentences)
@@ -180,8 +181,6 @@ def _mismatch(old: dict, new: dict) -> str:
 def _tokenize(pool, work: Path, files: list[Path], chunk_bytes: int, dtype: np.dtype, progress: bool) -> dict:
     """Stages 1 and 2: ``work/tokens.npy`` (all token ids in corpus order) and ``work/corpus.npz`` (sentence and
     document sizes, counts); returns the counts."""
-    from tqdm.auto import tqdm
-
     if (work / "corpus.npz").exists():
         with np.load(work / "corpus.npz") as z:
             return json.loads(str(z["counts"]))
@@ -238,14 +237,31 @@ def _pairs(work: Path, config: DataConfig) -> tuple[dict[str, Pairs], int]:
     return pairs, int(is_eval.sum())
 
 
+def _shards(pool, out: Path, work: Path, pairs: dict[str, Pairs], done: dict[str, str], rows_per_shard: int,
+            seq_len: int, special, rdtype: np.dtype, progress: bool) -> tuple[dict[str, list[str]], int]:
+    """Stage 4: write the shards not in ``done`` (file -> sha256, updated and logged in ``work/shards.json`` as each
+    finishes); the shard names of each split and how many were written."""
+    names, tasks = {s: [] for s in SPLITS}, []
+    for split, p in pairs.items():
+        for j, a in enumerate(range(0, len(p.nsp), rows_per_shard)):
+            names[split].append(name := shard_name(split, j))
+            if name not in done:
+                tasks.append((name, str(out / name), Pairs(*(c[a:a + rows_per_shard] for c in p)), seq_len,
+                              special, rdtype))
+    with tqdm(total=len(tasks), unit="shard", desc="shards", disable=not progress or not tasks) as bar:
+        for name, digest in pool.imap_unordered(_write_rows, tasks):
+            done[name] = digest
+            write_json(work / "shards.json", done)
+            bar.update(1)
+    return names, len(tasks)
+
+
 def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_per_shard: int | None = None,
             chunk_bytes: int = CHUNK_BYTES, progress: bool = True, log=print) -> dict:
     """Prepare ``config``'s corpus (paths None: the built-in corpus) with its tokenizer (``config.vocab``, or one
     trained with ``config.vocab_size`` and kept in ``out``) into ``out``; returns the manifest. ``workers``: worker
     processes (default: all cores; 0: everything in this process). DataError for bad input, or when ``out`` holds
     another preparation."""
-    from tqdm.auto import tqdm
-
     t_start = time.perf_counter()
     out = Path(out).expanduser()
     if config.seq_len > 65535:
@@ -304,20 +320,8 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
         pairs, counts["eval_documents"] = _pairs(work, config)
         seconds["pairs"], t = time.perf_counter() - t, time.perf_counter()
 
-        # 4. shards
-        names, tasks = {s: [] for s in SPLITS}, []
-        special = special_token_ids(tokenizer)
-        for split, p in pairs.items():
-            for j, a in enumerate(range(0, len(p.nsp), rows_per_shard)):
-                names[split].append(name := shard_name(split, j))
-                if name not in done:
-                    tasks.append((name, str(out / name), Pairs(*(c[a:a + rows_per_shard] for c in p)),
-                                  config.seq_len, special, rdtype))
-        with tqdm(total=len(tasks), unit="shard", desc="shards", disable=not progress or not tasks) as bar:
-            for name, digest in pool.imap_unordered(_write_rows, tasks):
-                done[name] = digest
-                write_json(work / "shards.json", done)
-                bar.update(1)
+        names, written = _shards(pool, out, work, pairs, done, rows_per_shard, config.seq_len,
+                                 special_token_ids(tokenizer), rdtype, progress)
         seconds["shards"] = time.perf_counter() - t
 
     shards = {split: [dict(file=n, rows=min(rows_per_shard, len(pairs[split].nsp) - j * rows_per_shard),
@@ -334,13 +338,14 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
                     seconds={k: round(v, 2) for k, v in seconds.items()})
     write_json(out / MANIFEST, manifest)
     listed = {n for s in SPLITS for n in names[s]}
-    for stale in out.glob("*-[0-9][0-9][0-9][0-9][0-9].npy"):  # shards of an earlier, larger attempt
-        if stale.name not in listed:
-            stale.unlink()
+    for split in SPLITS:  # shards of an earlier, larger attempt
+        for stale in out.glob(f"{split}-[0-9][0-9][0-9][0-9][0-9].npy"):
+            if stale.name not in listed:
+                stale.unlink()
     shutil.rmtree(work)
     log(f"prepared {counts['train_examples']} training / {counts['eval_examples']} eval examples from "
         f"{counts['bytes'] / 1e6:.1f} MB of text ({counts['documents']} documents, {counts['tokens']} tokens) into "
-        f"{out} in {time.perf_counter() - t_start:.1f}s ({len(tasks)} of {len(listed)} shards written)")
+        f"{out} in {time.perf_counter() - t_start:.1f}s ({written} of {len(listed)} shards written)")
     return manifest
 
 
