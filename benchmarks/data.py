@@ -7,7 +7,8 @@
     PYTHONPATH=. python benchmarks/data.py --compare-formats /tmp/prep5g --batch-size 64
 
 --generate-corpus writes GB gigabytes of BERT-format text made from the built-in corpus (64 variants of it, each with
-its documents shuffled, its sentences' words rotated and one word replaced by a number, in a random order). --prepare runs
+its documents shuffled, its sentences' words rotated and one word replaced by a number, in a random order).
+--prepare runs
 jaxformer.prepare with a vocabulary trained on the built-in corpus (kept in --vocab-dir) and prints MB of text per
 second. --load opens the prepared set and times the first batch (no compile: the loader alone) and then --batches
 more, with the resident memory (private and file-backed) of this process and of Grain's workers, then times a full
@@ -167,8 +168,8 @@ def run_load(root: str, workers: int, batch_size: int, batches: int, step_ms: fl
 
 def compare_formats(root: str, batch_size: int, batches: int) -> dict:
     """Random batches of rows from the first train shard read from the .npy file (positioned reads, as the loader
-    does, or a memory map) and from the same rows in an ArrayRecord file (one record per row, group_size:1 for random access, read through Grain's
-    ArrayRecordDataSource)."""
+    does, or a memory map) and from the same rows in an ArrayRecord file (one record per row, group_size:1 for
+    random access, read through Grain's ArrayRecordDataSource)."""
     import numpy as np
     from array_record.python.array_record_module import ArrayRecordWriter
     from grain.sources import ArrayRecordDataSource
