@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from . import distributed
 
 
 class CheckpointError(ValueError):
@@ -112,16 +115,22 @@ class Checkpointer:
         <out>/checkpoints-unrestorable/ (so the run can save those steps again), each with the reason logged."""
         failed = []
         for step in reversed(self.steps()):
+            reason = None
             try:
                 with _quiet_orbax():
                     state = self.restore(step, like)
             except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many types for damaged files
                 reason = _first_line(e)
+            if distributed.any_process(reason is not None):  # every process goes on from the same step
+                reason = reason or "another process could not restore it"
                 failed.append(f"{step} ({reason})")
                 log(f"checkpoint {step} cannot be restored: {reason}")
                 continue
-            for bad in failed:
-                self._set_aside(int(bad.split()[0]))
+            if distributed.is_main():
+                for bad in failed:
+                    self._set_aside(int(bad.split()[0]))
+            distributed.barrier("jaxformer-set-aside")
+            self.manager.reload()
             if failed:
                 log(f"resuming from the newest checkpoint that restores and verifies: step {step}")
             return step, state
@@ -135,7 +144,6 @@ class Checkpointer:
         if target.exists():
             shutil.rmtree(target)
         os.replace(self.directory / str(step), target)
-        self.manager.reload()
 
     def close(self) -> None:
         self.manager.wait_until_finished()
@@ -150,9 +158,13 @@ def _first_line(e: BaseException) -> str:
 
 class _quiet_orbax:
     """Silences orbax's and absl's error logging (full tracebacks) while a checkpoint that may be damaged is read:
-    the caller reports the reason in one line."""
+    the caller reports the reason in one line. When one read fails, orbax closes its event loop while other reads
+    are in flight in tensorstore's threads; each of those then raises "Event loop is closed" where nobody can catch
+    it, and Python prints it (hundreds of lines, some after the restore returned): those alone are dropped, from
+    the first restore on (`_drop_closed_loop_errors`)."""
 
     def __enter__(self):
+        _drop_closed_loop_errors()
         self.loggers = [logging.getLogger(name) for name in ("absl", "orbax", "")]
         self.levels = [lg.level for lg in self.loggers]
         for lg in self.loggers:
@@ -161,6 +173,27 @@ class _quiet_orbax:
     def __exit__(self, *exc):
         for lg, level in zip(self.loggers, self.levels):
             lg.setLevel(level)
+
+
+def _is_closed_loop(exc_type, exc_value) -> bool:
+    return exc_type is RuntimeError and str(exc_value) == "Event loop is closed"
+
+
+def _drop_closed_loop_errors() -> None:
+    """sys.excepthook (what PyErr_Print calls) and sys.unraisablehook, wrapped to drop `_is_closed_loop` errors."""
+    if getattr(sys.excepthook, "drops_closed_loops", False):
+        return
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def on_exception(exc_type, exc_value, tb):
+        if not _is_closed_loop(exc_type, exc_value):
+            excepthook(exc_type, exc_value, tb)
+
+    def on_unraisable(unraisable):
+        if not _is_closed_loop(unraisable.exc_type, unraisable.exc_value):
+            unraisablehook(unraisable)
+    on_exception.drops_closed_loops = True
+    sys.excepthook, sys.unraisablehook = on_exception, on_unraisable
 
 
 # ----------------------------------------------------------------------------------------------- metrics

@@ -65,8 +65,13 @@ class Output:
                 break
 
 
+def _is_run_output(p: Path) -> bool:
+    return p.name in RUN_OUTPUTS or p.name.startswith("profile_") or (p.name.startswith(".") and p.name.endswith(".tmp"))
+
+
 def _is_run_dir(path: Path) -> bool:
-    return (path / RUN_FILE).is_file() or ((path / "checkpoints").is_dir() and (path / "metrics.jsonl").is_file())
+    """A run's directory: it has a run.json, or holds nothing but what a run writes (a start that ended early)."""
+    return (path / RUN_FILE).is_file() or all(_is_run_output(p) for p in path.iterdir())
 
 
 def _latest_run() -> Path:
@@ -83,8 +88,9 @@ def resume_dir(out: str | None) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"--resume: {path} is not a directory (out={str(path)!r})")
     if not (path / RUN_FILE).is_file():
+        hint = " (a run stopped before it began: start it afresh with --overwrite)" if _is_run_dir(path) else ""
         raise CheckpointError(f"--resume: {path} has no {RUN_FILE}, so it is not a run directory that this version "
-                              "of jaxformer can continue")
+                              f"of jaxformer can continue{hint}")
     return path
 
 
@@ -112,8 +118,7 @@ def prepare(tc: TrainConfig) -> Output:
         if not _is_run_dir(path):
             raise ValueError(f"{name} is not empty and is not a jaxformer run directory (no {RUN_FILE}): "
                              "--overwrite deletes only a run's outputs; choose another --out")
-        stale = [p for p in path.iterdir() if p.name in RUN_OUTPUTS or p.name.startswith("profile_")
-                 or (p.name.startswith(".") and p.name.endswith(".tmp"))]
+        stale = [p for p in path.iterdir() if _is_run_output(p)]
     created = [p for p in (path, *path.absolute().parents) if not p.exists()][::-1]
     distributed.barrier("jaxformer-out-checked")  # every process has looked before process 0 changes anything
     if distributed.is_main():
@@ -152,11 +157,16 @@ def file_digest(path: Path) -> str:
 
 
 def new_record(tc: TrainConfig, cfg: BertConfig, tokenizer: Path, corpus: list[Path]) -> dict[str, Any]:
-    """run.json of a new run: `tc` as `resolved`, the model config and one schedule piece (0, steps)."""
+    """run.json of a new run: `tc` as `resolved`, the model config and one schedule piece (0, steps). (Only process
+    0 writes it, and only its copy of the tokenizer file is sure to be there.)"""
     return dict(jaxformer_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
                 train_config=as_json(dataclasses.asdict(tc)), model_config=cfg.to_dict(),
-                tokenizer_sha256=file_digest(tokenizer), corpus=[[str(p), p.stat().st_size] for p in corpus],
+                tokenizer_sha256=file_digest(tokenizer) if distributed.is_main() else None, corpus=_sizes(corpus),
                 schedule=[[0, tc.steps]])
+
+
+def _sizes(files: list[Path]) -> list[list]:
+    return [[_absolute(str(p)), p.stat().st_size] for p in files]
 
 
 def read_record(out: Path) -> dict[str, Any]:
@@ -220,7 +230,7 @@ def resumed_record(record: dict[str, Any], tc: TrainConfig, pieces: list[list[in
 
 def check_inputs(record: dict[str, Any], corpus: list[Path], tokenizer: Path) -> None:
     """The corpus files and the run's tokenizer.json are those the run started with."""
-    now = [[str(p), p.stat().st_size] for p in corpus]
+    now = _sizes(corpus)
     if "corpus" in record and record["corpus"] != now:
         raise CheckpointError(f"--resume: the corpus changed since the run started (files and sizes then: "
                               f"{record['corpus']}; now: {now})")

@@ -80,7 +80,8 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
             run.check_inputs(record, corpus, out / "tokenizer.json")
             at = ckpt.latest_step()
             if at is None:
-                raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.directory}")
+                raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.directory} (the run stopped "
+                                      "before its first): start it afresh with --overwrite")
             pieces = run.schedule_pieces(record, tc.steps, at)
         data = load_data(tc, out, log)
         interrupts.check()

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -39,6 +40,22 @@ def corpus(tmp_path_factory):
 def tokenizer_cache(tmp_path_factory, monkeypatch):
     """Trained tokenizers are cached here, not in the user's ~/.cache/jaxformer."""
     monkeypatch.setenv("JAXFORMER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "jaxformer-cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """The runs here compile the same tiny steps again and again: XLA's persistent cache loads them instead (the
+    same executables, so the same numbers)."""
+    from jax._src import compilation_cache  # reset_cache: the cache directory is read once per process
+    options = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {name: getattr(jax.config, name) for name in options}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
 
 
 def stop_after(monkeypatch, step):
