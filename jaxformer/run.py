@@ -55,7 +55,8 @@ class Output:
         """After a failure: delete the directory if this start created it and it holds no checkpoint or metrics."""
         if not self.created or not distributed.is_main():
             return
-        if (self.path / "metrics.jsonl").exists() or any((self.path / "checkpoints").glob("[0-9]*")):
+        metrics = self.path / "metrics.jsonl"
+        if (metrics.exists() and metrics.stat().st_size) or any((self.path / "checkpoints").glob("[0-9]*")):
             return
         shutil.rmtree(self.path, ignore_errors=True)
         for parent in reversed(self.created[:-1]):  # the parents it made, innermost first, if left empty

@@ -3,8 +3,10 @@ the learning rate; bad input is refused (exit 2, field or file and value, no tra
 
 import json
 import os
+import re
 import shutil
 import signal
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -268,3 +270,11 @@ def test_checksum_sees_every_bit_and_no_sharding():
         assert state_checksum(flipped) != digest
     swapped = dict(state, a=state["a"][::-1])  # the same values elsewhere
     assert state_checksum(swapped) != digest
+
+
+def test_docs_training_md_names_the_fixed_flags():
+    """docs/training.md lists the flags a resume may not change: those of `on_resume="fixed"`."""
+    from jaxformer import run
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    fixed = text[text.index("* **fixed**"):text.index("* **may change**")]
+    assert sorted(re.findall(r"--([a-z-]+)", fixed)) == sorted(f.replace("_", "-") for f in run.FIXED)
