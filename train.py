@@ -38,19 +38,20 @@ def main(argv=None) -> int:
     try:
         tc = config(argv)
         from jaxformer.trainer import Interrupted, TrainingStopped, train
-        summary = train(tc)
+        try:
+            summary = train(tc)
+        except Interrupted as e:  # Ctrl-C in the loop: a checkpoint was saved
+            print(f"train.py: {e}", file=sys.stderr)
+            return 130
+        except TrainingStopped as e:  # a non-finite loss
+            print(f"train.py: error: {e}", file=sys.stderr)
+            return 2
+    except ValueError as e:  # bad input, a run that cannot be resumed as asked
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ntrain.py: interrupted before training started; nothing was saved", file=sys.stderr)
         return 130
-    except Exception as e:
-        from jaxformer.trainer import Interrupted, TrainingStopped
-        if isinstance(e, Interrupted):
-            print(f"train.py: {e}", file=sys.stderr)
-            return 130
-        if isinstance(e, (ValueError, TrainingStopped)):  # bad input, missing checkpoint, non-finite loss
-            print(f"train.py: error: {e}", file=sys.stderr)
-            return 2
-        raise
     import jax
     if jax.process_index() != 0:  # process 0 reports for a multi-process run
         return 0

@@ -67,7 +67,8 @@ class Output:
 
 
 def _is_run_output(p: Path) -> bool:
-    return p.name in RUN_OUTPUTS or p.name.startswith("profile_") or (p.name.startswith(".") and p.name.endswith(".tmp"))
+    name = p.name
+    return name in RUN_OUTPUTS or name.startswith("profile_") or (name.startswith(".") and name.endswith(".tmp"))
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -121,15 +122,18 @@ def prepare(tc: TrainConfig) -> Output:
                              "--overwrite deletes only a run's outputs; choose another --out")
         stale = [p for p in path.iterdir() if _is_run_output(p)]
     created = [p for p in (path, *path.absolute().parents) if not p.exists()][::-1]
-    distributed.barrier("jaxformer-out-checked")  # every process has looked before process 0 changes anything
+    distributed.barrier("jaxformer-out-checked")  # every process has looked before process 0 deletes anything
     if distributed.is_main():
         for p in stale:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # unwritable or impossible path: a user error, before any data or model work
-            raise ValueError(f"{name} cannot be created as the output directory: {e.strerror or e}") from e
-    distributed.barrier("jaxformer-out-ready")
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    distributed.barrier("jaxformer-out-emptied")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # unwritable or impossible path: a user error, before any data or model work
+        raise ValueError(f"{name} cannot be created as the output directory: {e.strerror or e}") from e
     return Output(path, created)
 
 
@@ -205,13 +209,13 @@ def resumed_config(given: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**fields)
 
 
-def check_resume(tc: TrainConfig, record: dict[str, Any], log: Callable = print) -> None:
+def check_resume(tc: TrainConfig, record: dict[str, Any], out: Path, log: Callable = print) -> None:
     """Refuse (CheckpointError) a change of a field that defines the run, naming the stored and given values; log
     the fields that change only how it runs."""
     stored, now = record["train_config"], as_json(dataclasses.asdict(resolved(tc)))
     fixed = [f"{k}: the run has {stored.get(k)!r}, given {now[k]!r}" for k in FIXED if stored.get(k) != now[k]]
     if fixed:
-        raise CheckpointError(f"--resume: these settings define the run in {tc.out} and cannot change: "
+        raise CheckpointError(f"--resume: these settings define the run in {out} and cannot change: "
                               + "; ".join(fixed) + ". Leave them out to keep the run's, or start a new run "
                               "(another --out)")
     kept = [f"{k}: {stored.get(k)!r} -> {now[k]!r}" for k in KEPT if k in stored and stored[k] != now[k]]

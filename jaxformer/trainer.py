@@ -49,8 +49,9 @@ def train(tc: TrainConfig, log: Callable = print) -> dict[str, Any]:
         _check_mesh(tc, tc.model_config(tc.vocab_size or DEFAULT_VOCAB_SIZE))
         record = None
         if tc.resume:
-            record = run.read_record(run.resume_dir(tc.out))
-            run.check_resume(tc, record, log)
+            path = run.resume_dir(tc.out)
+            record = run.read_record(path)
+            run.check_resume(tc, record, path, log)
         output = run.prepare(tc)
         try:
             return _train(tc, output.path, record, interrupts, log)
