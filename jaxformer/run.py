@@ -90,7 +90,11 @@ def resume_dir(out: str | None) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"--resume: {path} is not a directory (out={str(path)!r})")
     if not (path / RUN_FILE).is_file():
-        hint = " (a run stopped before it began: start it afresh with --overwrite)" if _is_run_dir(path) else ""
+        hint = ""
+        if any((path / "checkpoints").glob("[0-9]*")):
+            hint = " (an earlier version of jaxformer wrote no run.json)"
+        elif _is_run_dir(path):
+            hint = " (a run stopped before it began: start it afresh with --overwrite)"
         raise CheckpointError(f"--resume: {path} has no {RUN_FILE}, so it is not a run directory that this version "
                               f"of jaxformer can continue{hint}")
     return path
@@ -113,13 +117,12 @@ def prepare(tc: TrainConfig) -> Output:
         raise ValueError(f"{name} is not writable")
     stale = []
     if not tc.resume and path.is_dir() and any(path.iterdir()):
-        if not tc.overwrite:
-            what = "an earlier run" if _is_run_dir(path) else "files"
-            raise ValueError(f"{name} already holds {what}: continue it with --resume, start it afresh with "
-                             "--overwrite, or choose another --out")
         if not _is_run_dir(path):
-            raise ValueError(f"{name} is not empty and is not a jaxformer run directory (no {RUN_FILE}): "
-                             "--overwrite deletes only a run's outputs; choose another --out")
+            raise ValueError(f"{name} is not empty and is not a jaxformer run directory (no {RUN_FILE}): choose "
+                             "another --out (--overwrite deletes only a run's outputs)")
+        if not tc.overwrite:
+            raise ValueError(f"{name} already holds an earlier run: continue it with --resume, start it afresh "
+                             "with --overwrite, or choose another --out")
         stale = [p for p in path.iterdir() if _is_run_output(p)]
     created = [p for p in (path, *path.absolute().parents) if not p.exists()][::-1]
     distributed.barrier("jaxformer-out-checked")  # every process has looked before process 0 deletes anything

@@ -71,7 +71,8 @@ def test_out_belongs_to_one_run_and_overwrite_starts_it_afresh(corpus, finished,
     other = tmp_path / "other"
     other.mkdir()
     (other / "thesis.tex").write_text("precious")
-    expect_error(capsys, args(corpus, other, "--overwrite"), "is not a jaxformer run directory")
+    for flag in ("--overwrite", "--no-progress"):
+        expect_error(capsys, args(corpus, other, flag), "is not empty and is not a jaxformer run directory")
     assert (other / "thesis.tex").read_text() == "precious"
 
 
