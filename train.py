@@ -11,6 +11,7 @@ jaxformer.trainer.train.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 
@@ -21,16 +22,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser(TrainConfig, prog="train.py", description=__doc__).parse_args(argv)
 
 
-def main(argv=None) -> int:
+def config(argv=None):
+    """The run's TrainConfig: the flags, or with `--resume` the run's stored configuration (run.json) with the
+    flags given laid over it."""
     args = parse_args(argv)
     from jaxformer.config import TrainConfig
-    from jaxformer.trainer import TrainingStopped, train
+    if not args.resume:
+        return TrainConfig(**vars(args))
+    from jaxformer import run
+    from jaxformer.cli import given
+    return run.resumed_config(given(TrainConfig, argv, prog="train.py"))
 
+
+def main(argv=None) -> int:
     try:
-        summary = train(TrainConfig(**vars(args)))
-    except (ValueError, TrainingStopped) as e:  # bad input, missing checkpoint, non-finite loss, Ctrl-C
+        tc = config(argv)
+        from jaxformer.trainer import Interrupted, TrainingStopped, train
+        try:
+            summary = train(tc)
+        except Interrupted as e:  # Ctrl-C in the loop: a checkpoint was saved
+            print(f"train.py: {e}", file=sys.stderr)
+            return 130
+        except TrainingStopped as e:  # a non-finite loss
+            print(f"train.py: error: {e}", file=sys.stderr)
+            return 2
+    except ValueError as e:  # bad input, a run that cannot be resumed as asked
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ntrain.py: interrupted before training started; nothing was saved", file=sys.stderr)
+        return 130
     import jax
     if jax.process_index() != 0:  # process 0 reports for a multi-process run
         return 0
@@ -42,8 +63,13 @@ def main(argv=None) -> int:
               f"{summary['most_frequent_token_baseline']:.3f}), MLM loss {summary['eval_mlm_loss']:.3f}, "
               f"NSP accuracy {summary['eval_nsp_acc']:.3f}")
     print(f"time waiting for data: {summary['data_wait_s']:.2f}s")
-    print(f"outputs: {summary['out']} (metrics.jsonl, loss.png, tokenizer.json, checkpoints/)")
-    print(f"continue: python train.py --out {summary['out']} --resume --steps {summary['step'] * 2}")
+    print(f"outputs: {summary['out']} (run.json, metrics.jsonl, loss.png, tokenizer.json, checkpoints/)")
+    out = shlex.quote(summary["out"])
+    if summary["step"] < summary["total_steps"]:
+        print(f"continue: python train.py --out {out} --resume")
+    else:
+        print(f"extend: python train.py --out {out} --resume --steps {summary['step'] * 2} (the learning rate "
+              f"goes on from its last value, {summary['final_lr']:.2g}, down to 0: docs/training.md)")
     return 0
 
 

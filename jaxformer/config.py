@@ -260,6 +260,10 @@ SCHEDULES = ("linear", "polynomial")
 DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 XLA_OPT_LEVELS = ("auto", "default", "O0", "O1", "O2", "O3")
 XLA_GEMMS = ("auto", "xla", "cublas")  # TrainConfig.xla_gemm (steps.Steps.compiler_options)
+TRAIN_DTYPES = ("bfloat16", "float32", "float16")  # float64 would need jax_enable_x64 and run in float32 without it
+DEFAULT_VOCAB_SIZE = 4096  # of a tokenizer trained on the corpus
+# jax.random.key takes 32 bits without x64 (2**32 would alias seed 0) and the dropout stream uses seed + 1.
+MAX_SEED = 2**31 - 1
 
 
 def parse_span(text: str) -> tuple[int, int]:
@@ -276,50 +280,66 @@ class TrainConfig:
     """Everything `python train.py` takes, with the command line's names and defaults (flags: docs/cli.md).
 
     `batch_size` is global (over all devices); `dropout` overrides both dropout probabilities of the model when
-    set (0 makes a run deterministic); `out=None` means `runs/<timestamp>`.
+    set (0 makes a run deterministic); `out=None` means `runs/<timestamp>`. Each field's `on_resume` (field
+    metadata, see `jaxformer.cli.flag`) says what `--resume` does with it: "fixed" fields define the run and must
+    keep the values in its run.json, "kept" ones are taken from there unless given again, "launch" ones apply to
+    this start only, and `steps` may extend the run (jaxformer/run.py, docs/training.md).
     """
 
     # -- model
-    config: str = flag("tiny", "model", "model preset: " + ", ".join(_PRESETS))
+    config: str = flag("tiny", "model", "model preset: " + ", ".join(_PRESETS), on_resume="fixed")
     dropout: float | None = flag(None, "model", "overrides both dropout probabilities (0 makes a run "
-                                 "deterministic); default: the preset's 0.1")
-    dtype: str = flag("bfloat16", "model", "compute dtype: bfloat16, float32 or float16 (parameters stay float32)")
+                                 "deterministic); default: the preset's 0.1", on_resume="fixed")
+    dtype: str = flag("bfloat16", "model", "compute dtype (parameters stay float32)", choices=TRAIN_DTYPES,
+                      on_resume="fixed")
 
     # -- data
     data: tuple[str, ...] | None = flag(None, "data", "corpus: file(s), directory or glob of BERT-format text or "
-                                        ".jsonl; default: built-in corpus", nargs="+", metavar="PATH")
+                                        ".jsonl; default: built-in corpus", nargs="+", metavar="PATH",
+                                        on_resume="fixed")
     vocab: str | None = flag(None, "data", "BERT vocab.txt or tokenizer.json; default: train a WordPiece tokenizer "
-                             "on the corpus (saved as <out>/tokenizer.json)", metavar="FILE")
-    vocab_size: int | None = flag(None, "data", "size of the tokenizer to train (default 4096); with --vocab, must "
-                                  "match it")
-    seq_len: int = flag(128, "data", "tokens per sequence")
-    max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15% of --seq-len)")
+                             "on the corpus (saved as <out>/tokenizer.json)", metavar="FILE",
+                             on_resume="fixed")
+    vocab_size: int | None = flag(None, "data", f"size of the tokenizer to train (default {DEFAULT_VOCAB_SIZE}); "
+                                  "with --vocab, must match it", on_resume="fixed")
+    seq_len: int = flag(128, "data", "tokens per sequence", on_resume="fixed")
+    max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15% of --seq-len)",
+                                       on_resume="fixed")
 
     # -- optimisation
-    batch_size: int = flag(32, "optimisation", "global batch size (sequences per step)")
-    steps: int = flag(600, "optimisation", "total training steps")
+    batch_size: int = flag(32, "optimisation", "global batch size (sequences per step)", on_resume="fixed")
+    steps: int = flag(600, "optimisation", "total training steps; with --resume, a larger value extends the run "
+                      "(the learning rate continues from where it is, docs/training.md)", on_resume="extend")
     lr: float | None = flag(None, "optimisation", "peak learning rate (default per preset: "
-                            + ", ".join(f"{k} {v:.0e}".replace("e-0", "e-") for k, v in DEFAULT_LR.items()) + ")")
-    warmup_steps: int = flag(60, "optimisation", "linear warm-up steps")
-    schedule: str = flag("linear", "optimisation", "decay after warm-up", choices=SCHEDULES)
-    optimizer: str = flag("adamw", "optimisation", "optimizer", choices=OPTIMIZERS)
+                            + ", ".join(f"{k} {v:.0e}".replace("e-0", "e-") for k, v in DEFAULT_LR.items()) + ")",
+                            on_resume="fixed")
+    # None: 10% of `steps`, resolved when the config is made (the optimizer reads an int).
+    warmup_steps: int | None = flag(None, "optimisation", "linear warm-up steps, below --steps (default 10% of "
+                                    "--steps)", on_resume="fixed")
+    schedule: str = flag("linear", "optimisation", "decay after warm-up", choices=SCHEDULES, on_resume="fixed")
+    optimizer: str = flag("adamw", "optimisation", "optimizer", choices=OPTIMIZERS, on_resume="fixed")
     weight_decay: float = flag(0.01, "optimisation", "decoupled weight decay (not on biases and layernorm "
-                               "parameters)")
-    clip_norm: float = flag(1.0, "optimisation", "clip gradients to this global norm (0: off)")
+                               "parameters)", on_resume="fixed")
+    clip_norm: float = flag(1.0, "optimisation", "clip gradients to this global norm (0: off)", on_resume="fixed")
 
     # -- run
-    seed: int = flag(0, "run", "seed of initialisation, data order, masking and dropout")
-    out: str | None = flag(None, "run", "output directory (default runs/<timestamp>)", metavar="DIR")
-    resume: bool = flag(False, "run", "continue from the latest checkpoint in --out (default: the most recent run "
-                        "under runs/)")
+    seed: int = flag(0, "run", f"seed of initialisation, data order, masking and dropout (0 .. {MAX_SEED})",
+                     on_resume="fixed")
+    out: str | None = flag(None, "run", "output directory, one run's own (default runs/<timestamp>)", metavar="DIR",
+                           on_resume="launch")
+    resume: bool = flag(False, "run", "continue the run in --out (default: the most recent run under runs/) from "
+                        "its newest good checkpoint, with the settings stored in its run.json", on_resume="launch")
+    overwrite: bool = flag(False, "run", "start afresh in a --out that holds an earlier run: delete that run's "
+                           "outputs first", on_resume="launch")
     eval_every: int = flag(200, "run", "evaluate on the held-out split every N steps")
     eval_batches: int = flag(20, "run", "held-out batches per evaluation")
     save_every: int = flag(200, "run", "checkpoint every N steps (and at the end)")
     log_every: int = flag(20, "run", "write metrics every N steps")
     progress: bool = flag(True, "run", "no progress bar (logs only)", flag="--no-progress")
     profile_steps: tuple[int, int] | None = flag(None, "run", "write a jax.profiler trace of steps A..B-1 to "
-                                                 "<out>/profile", type=parse_span, metavar="A:B")
-    dump_hlo: bool = flag(False, "run", "write the optimized HLO of the train step to <out>")
+                                                 "<out>/profile", type=parse_span, metavar="A:B",
+                                                 on_resume="launch")
+    dump_hlo: bool = flag(False, "run", "write the optimized HLO of the train step to <out>", on_resume="launch")
 
     # -- mesh and distributed
     mesh: str = flag("data=-1", "mesh", "device mesh, e.g. data=2,tensor=4: axes data, fsdp (ZeRO-3), tensor "
@@ -332,11 +352,11 @@ class TrainConfig:
     # None falls back to $JAXFORMER_*, then a SLURM step, then one process (jaxformer.distributed).
     coordinator: str | None = flag(None, "mesh", "multi-process run: address of process 0's coordinator (default: "
                                    "$JAXFORMER_COORDINATOR; none and no SLURM step: one process); see README, "
-                                   "Multi-host", metavar="HOST:PORT")
+                                   "Multi-host", metavar="HOST:PORT", on_resume="launch")
     num_processes: int | None = flag(None, "mesh", "multi-process run: number of processes (default: "
-                                     "$JAXFORMER_NUM_PROCESSES)")
+                                     "$JAXFORMER_NUM_PROCESSES)", on_resume="launch")
     process_id: int | None = flag(None, "mesh", "multi-process run: this process's index, 0 .. N-1 (default: "
-                                  "$JAXFORMER_PROCESS_ID)")
+                                  "$JAXFORMER_PROCESS_ID)", on_resume="launch")
 
     # -- performance (how a step runs, not what it computes: a resumed run may change these)
     kernels: str = flag("auto", "performance", "implementation of the fused operators: auto = pallas on a GPU, xla "
@@ -360,7 +380,7 @@ class TrainConfig:
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str) else tuple(self.data))
         _require_positive_ints(self, ("seq_len", "batch_size", "steps", "eval_every", "save_every", "log_every",
                                       "eval_batches", "microbatches", "pipeline_repeats"))
-        for field, choices in (("schedule", SCHEDULES), ("optimizer", OPTIMIZERS),
+        for field, choices in (("schedule", SCHEDULES), ("optimizer", OPTIMIZERS), ("dtype", TRAIN_DTYPES),
                                ("xla_opt_level", XLA_OPT_LEVELS), ("xla_gemm", XLA_GEMMS)):
             if getattr(self, field) not in choices:
                 raise ValueError(f"{field}={getattr(self, field)!r} must be one of {choices}")
@@ -373,17 +393,27 @@ class TrainConfig:
                              f"(seq_len={self.seq_len}: [CLS] and two [SEP] are never masked)")
         if self.vocab_size is not None:
             _require_positive_ints(self, ("vocab_size",))
-        if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):
+        if self.warmup_steps is None:
+            object.__setattr__(self, "warmup_steps", self.steps // 10)
+        if isinstance(self.warmup_steps, bool) or not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):
             raise ValueError(f"warmup_steps={self.warmup_steps!r} must be a non-negative integer")
+        if self.warmup_steps >= self.steps and not self.resume:  # a resumed run's schedule has its stored total
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be below steps={self.steps}")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr!r} must be a positive number")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r} must be a probability in [0, 1)")
         for field in ("weight_decay", "clip_norm"):
-            if not getattr(self, field) >= 0:
-                raise ValueError(f"{field}={getattr(self, field)!r} must be >= 0")
-        if self.seed < 0:
-            raise ValueError(f"seed={self.seed} must be >= 0")
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{field}={value!r} must be a finite number >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed={self.seed!r} must be an integer in [0, {MAX_SEED}]")
+        if self.out is not None and not str(self.out).strip():
+            raise ValueError(f"out={self.out!r} is empty: name a directory (or leave --out out for runs/<timestamp>)")
+        if self.resume and self.overwrite:
+            raise ValueError("resume=True and overwrite=True contradict each other: --resume continues the run in "
+                             "--out, --overwrite deletes it")
         if self.profile_steps is not None:
             a, b = self.profile_steps
             if not 0 <= a < b:
@@ -391,7 +421,7 @@ class TrainConfig:
         from .distributed import check_fields  # each value alone; completeness (with the env) at train start
         check_fields(self.coordinator, self.num_processes, self.process_id)
         # Model-side values are validated by BertConfig itself (before anything is compiled).
-        self.model_config(vocab_size=self.vocab_size or 30522)
+        self.model_config(vocab_size=self.vocab_size or DEFAULT_VOCAB_SIZE)
 
     @property
     def peak_lr(self) -> float:

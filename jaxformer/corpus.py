@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import glob
+import hashlib
 import inspect
 import json
 import os
@@ -21,6 +22,15 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 PathLike = Union[str, os.PathLike]
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # training order: [PAD] gets id 0
 DEFAULT_CACHE_DIR = Path("~/.cache/jaxformer")
+CACHE_ENV = "JAXFORMER_CACHE_DIR"  # overrides DEFAULT_CACHE_DIR: the built-in corpus and the trained tokenizers
+# A longer line is skipped (and counted): a file without newlines (a disk image, /dev/zero's like) would otherwise be
+# read into memory whole.
+MAX_LINE_BYTES = 8 << 20
+
+
+def default_cache_dir() -> Path:
+    """Where the built-in corpus and trained tokenizers are cached: $JAXFORMER_CACHE_DIR or ~/.cache/jaxformer."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
 
 
 class DataError(ValueError):
@@ -37,11 +47,13 @@ class CorpusStats:
     tokens: int = 0
     undecodable_lines: int = 0  # lines with invalid UTF-8: skipped
     malformed_lines: int = 0  # .jsonl lines that are not JSON objects with a string "text": skipped
+    overlong_lines: int = 0  # lines over MAX_LINE_BYTES: skipped
 
     def summary(self) -> str:
         return (f"{self.files} files, {self.documents} documents, {self.sentences} sentences, "
                 f"{self.tokens} tokens; skipped {self.undecodable_lines} undecodable lines, "
-                f"{self.malformed_lines} malformed jsonl lines")
+                f"{self.malformed_lines} malformed jsonl lines, {self.overlong_lines} lines over "
+                f"{MAX_LINE_BYTES >> 20} MiB")
 
 
 # ----------------------------------------------------------------------------- corpus reading
@@ -70,8 +82,10 @@ def resolve_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
                            and not any(part.startswith(".") for part in f.relative_to(path).parts))
             if not found:
                 raise DataError(f"corpus directory {path} contains no (non-hidden) files")
-        elif path.exists():
+        elif path.is_file():
             found = [path]
+        elif path.exists():  # a device, pipe or socket: no end to read up to
+            raise DataError(f"corpus path {path} is not a regular file")
         elif glob.has_magic(str(p)):
             found = sorted(Path(f) for f in glob.glob(str(path), recursive=True) if os.path.isfile(f))
             if not found:
@@ -88,7 +102,12 @@ def _iter_lines(path: Path, stats: CorpusStats) -> Iterator[str]:
     """Stream stripped lines; decoding per line lets us skip and count only the bad lines."""
     try:
         with open(path, "rb") as f:
-            for raw in f:
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                if len(raw) > MAX_LINE_BYTES:  # skip to the end of this line
+                    while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                        pass
+                    stats.overlong_lines += 1
+                    continue
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError:
@@ -250,10 +269,10 @@ def builtin_corpus(cache_dir: PathLike | None = None) -> Path:
     """Path of a BERT-format corpus made of this Python's stdlib docstrings and pydoc topics.
 
     Built offline on first use (a few seconds) and cached as
-    ``<cache_dir>/builtin_corpus_py{major}{minor}.txt`` (default ``~/.cache/jaxformer``); written
+    ``<cache_dir>/builtin_corpus_py{major}{minor}.txt`` (default ``default_cache_dir()``); written
     to a temp file and moved into place atomically. Deterministic for a given Python build.
     """
-    cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     out = cache / f"builtin_corpus_py{sys.version_info.major}{sys.version_info.minor}.txt"
     if out.is_file() and out.stat().st_size > 0:
         return out
@@ -312,6 +331,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _load_vocab(path: Path, lowercase: bool) -> Tokenizer:
     """A BERT ``vocab.txt`` (WordPiece) or a ``tokenizer.json``, checked for the special tokens."""
+    if path.is_dir():
+        raise DataError(f"vocabulary {path} is a directory; give a vocab.txt or tokenizer.json file")
     if not path.is_file():
         raise DataError(f"vocabulary file {path} does not exist")
     if path.suffix == ".json":
@@ -322,27 +343,67 @@ def _load_vocab(path: Path, lowercase: bool) -> Tokenizer:
         special_token_ids(tok)  # the examples need all five special tokens
         return tok
     table: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            table.setdefault(line.rstrip("\r\n"), i)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                table.setdefault(line.rstrip("\r\n"), i)
+    except UnicodeDecodeError as e:
+        raise DataError(f"vocabulary file {path} is not UTF-8 text (byte {e.start}: {e.reason}); give a BERT "
+                        "vocab.txt (one token per line) or a tokenizer.json") from None
+    except OSError as e:
+        raise DataError(f"cannot read vocabulary file {path}: {e.strerror or e}") from e
     if missing := [t for t in SPECIAL_TOKENS if t not in table]:
         raise DataError(f"vocabulary {path} lacks special tokens {missing}")
     return _bert_tokenizer(table, lowercase)
 
 
+def corpus_digest(files: Sequence[Path]) -> str:
+    """SHA-256 of the corpus files' contents, in order (the key of a trained tokenizer in the cache)."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(f"{path.stat().st_size}\n".encode())
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+        except OSError as e:
+            raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
+    return h.hexdigest()
+
+
+def _canonical(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+    """`tok`'s vocabulary with canonical ids: the special tokens first, then the others in sorted order. A
+    WordPiece model looks tokens up by text, so only the ids change; the trainer numbers tokens in an order that
+    depends on hash maps (different in every process), this order depends on the token set alone."""
+    vocab = tok.get_vocab()
+    others = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
+    return _bert_tokenizer({t: i for i, t in enumerate([*SPECIAL_TOKENS, *others])}, lowercase)
+
+
+def _train(files: Sequence[Path], vocab_size: int, lowercase: bool) -> Tokenizer:
+    tok = _bert_tokenizer(None, lowercase)
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##")
+    tok.train_from_iterator((s for doc in iter_documents(files) for s in doc), trainer=trainer)
+    return _canonical(tok, lowercase)
+
+
 def load_or_train_tokenizer(vocab: PathLike | None = None,
                             corpus_paths: PathLike | Sequence[PathLike] | None = None,
                             vocab_size: int = 8192, lowercase: bool = True,
-                            save_dir: PathLike | None = None) -> Tokenizer:
+                            save_dir: PathLike | None = None, cache: PathLike | None | bool = None) -> Tokenizer:
     """Load a BERT ``vocab.txt`` / ``tokenizer.json``, or train a WordPiece tokenizer.
 
     Training uses ``corpus_paths`` (default: the built-in corpus) and saves ``tokenizer.json`` plus
     ``tokenizer.meta.json`` (corpus files, sizes, mtimes, vocab_size, lowercase) in ``save_dir``;
     a later call with the same inputs reloads it instead of retraining. Reuse matters: WordPiece
-    training in ``tokenizers`` is not bit-reproducible (hash-map order; huggingface/tokenizers
-    #1794). A loaded vocabulary is also written to ``save_dir/tokenizer.json``, so ``save_dir``
-    always holds the tokenizer in use. ``lowercase`` does not apply to ``tokenizer.json`` files
-    (they carry their normalizer).
+    training in ``tokenizers`` is not bit-reproducible across processes (hash-map order; e.g.
+    huggingface/tokenizers#1794), so a trained tokenizer is also kept in
+    ``<cache>/tokenizers/<key>.json`` (``cache`` default: ``default_cache_dir()``; False: no cache),
+    keyed by the corpus's contents (``corpus_digest``), ``vocab_size`` and ``lowercase``, and reused by
+    every later run on the same text. A loaded vocabulary is also written to ``save_dir/tokenizer.json``,
+    so ``save_dir`` always holds the tokenizer in use. ``lowercase`` does not apply to ``tokenizer.json``
+    files (they carry their normalizer).
     """
     save = Path(save_dir).expanduser() if save_dir is not None else None
     if vocab is not None:
@@ -362,10 +423,26 @@ def load_or_train_tokenizer(vocab: PathLike | None = None,
     if save and (save / "tokenizer.json").is_file() and (save / "tokenizer.meta.json").is_file() \
             and (save / "tokenizer.meta.json").read_text(encoding="utf-8") == meta:
         return Tokenizer.from_file(str(save / "tokenizer.json"))
-    tok = _bert_tokenizer(None, lowercase)
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##")
-    tok.train_from_iterator((s for doc in iter_documents(files) for s in doc), trainer=trainer)
+    cached = None
+    if cache is not False:
+        key = json.dumps({"corpus_sha256": corpus_digest(files), "vocab_size": vocab_size, "lowercase": lowercase,
+                          "trainer": "wordpiece, min_frequency 2, canonical ids"})
+        cached = (Path(cache).expanduser() if cache else default_cache_dir()) / "tokenizers" / \
+            f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    tok = None
+    if cached is not None and cached.is_file():
+        try:
+            tok = Tokenizer.from_file(str(cached))
+        except Exception:  # noqa: BLE001 - a damaged cache entry is retrained and replaced
+            tok = None
+    if tok is None:
+        tok = _train(files, vocab_size, lowercase)
+        if cached is not None:
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                _write_atomic(cached, tok.to_str())
+            except OSError:  # a read-only cache only costs the reuse
+                pass
     if save:
         save.mkdir(parents=True, exist_ok=True)
         (save / "tokenizer.meta.json").unlink(missing_ok=True)  # no stale meta vouching for new file

@@ -130,7 +130,8 @@ class PretrainingData:
         self._tokenize(iter_documents(self.paths, self.stats), chunk_sentences)
         n_docs = len(self._doc_starts) - 1
         if n_docs < 4:
-            raise DataError(f"corpus {self.paths} has {n_docs} non-empty documents; need at least 4 "
+            raise DataError(f"corpus {', '.join(map(str, resolve_paths(self.paths)))} has {n_docs} non-empty "
+                            "documents; need at least 4 "
                             "(2 for training and 2 for the held-out eval split, for random NSP pairs)")
         # Eval split: a pure function of the document index (not of the seed), so eval documents
         # stay the same across runs and seeds; at least two documents so random-next pairs exist.

@@ -79,17 +79,33 @@ def _normalise_key(key: str) -> str:
     return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
 
-def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, _Array]]:
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ValueError naming the file if it is not one."""
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _read_config(path: Path) -> dict[str, Any]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{str(path)!r} has no config.json: not a Hugging Face model directory")
-    config = json.loads(config_file.read_text())
+    return _read_json(config_file)
+
+
+def _read_weights(path: Path) -> dict[str, _Array]:
     single, index, torch_bin = path / "model.safetensors", path / "model.safetensors.index.json", \
         path / "pytorch_model.bin"
     if single.is_file() or index.is_file():
         from safetensors.numpy import load_file
-        files = [single] if single.is_file() else \
-            sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+        weight_map = {} if single.is_file() else _read_json(index).get("weight_map")
+        if not single.is_file() and not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no \"weight_map\" object")
+        files = [single] if single.is_file() else sorted({path / f for f in weight_map.values()})
         tensors = {}
         for f in files:
             tensors.update(load_file(str(f)))
@@ -100,7 +116,7 @@ def _read_directory(path: Path) -> tuple[dict[str, Any], dict[str, _Array]]:
         tensors = {k: v.float().numpy() for k, v in state.items()}
     else:
         raise FileNotFoundError(f"{str(path)!r} has neither model.safetensors nor pytorch_model.bin")
-    return config, tensors
+    return tensors
 
 
 def _read_object(model) -> tuple[dict[str, Any], dict[str, _Array]]:
@@ -176,14 +192,19 @@ def from_transformers(src, *, seed: int = 0, **overrides) -> BertForPreTraining:
       seed: seeds the initialisation of any head the checkpoint lacks (a `UserWarning` names them).
       **overrides: BertConfig fields to change, e.g. `dtype=jnp.float32` or `kernels="pallas"`.
     """
-    if isinstance(src, (str, os.PathLike)):
-        hf_config, raw = _read_directory(Path(src))
+    if isinstance(src, (str, os.PathLike)):  # the config is checked before any weights are read
+        config = _config_from_hf(_read_config(Path(src)), overrides)
+        raw = _read_weights(Path(src))
     elif hasattr(src, "state_dict") and hasattr(src, "config"):
         hf_config, raw = _read_object(src)
+        config = _config_from_hf(hf_config, overrides)
     else:
         raise TypeError(f"src must be a transformers BERT model or a directory path, got {type(src).__name__}")
-    config = _config_from_hf(hf_config, overrides)
     tensors = {_normalise_key(k): np.asarray(v, np.float32) for k, v in raw.items()}
+    non_finite = sorted(k for k, v in tensors.items() if not np.isfinite(v).all())
+    if non_finite:
+        raise ValueError(f"checkpoint has NaN or infinite values in {len(non_finite)} tensor(s): {non_finite[:5]}"
+                         f"{' ...' if len(non_finite) > 5 else ''}")
     layout = _hf_layout(config)
     _check_tensors(tensors, {k: v[3] for k, v in layout.items()})
     decoder = tensors.get("cls.predictions.decoder.weight")

@@ -1,4 +1,4 @@
-"""The training loop (`run`): steps, metrics, held-out evaluation, checkpoints, profiling and Ctrl-C.
+"""The training loop (`run`): steps, metrics, held-out evaluation, checkpoints, profiling and Ctrl-C (`Interrupts`).
 
 Each iteration is `state, metrics = steps.train_step(state, next(batches))`: `batches` yields device batches that
 a `data.Prefetcher` thread assembled (`PretrainingData.train_batches`) and placed on the mesh
@@ -9,7 +9,9 @@ transfer brings the metrics (and the first non-finite step, if any) back.
 
 from __future__ import annotations
 
+import shlex
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,16 +28,59 @@ from .steps import Steps, TrainState, evaluate, host_metrics
 
 
 class TrainingStopped(RuntimeError):
-    """Training stopped early for a reason the user must hear (non-finite loss, Ctrl-C); exit status 2."""
+    """Training stopped early for a reason the user must hear (a non-finite loss); exit status 2."""
+
+
+class Interrupted(TrainingStopped):
+    """Ctrl-C in the loop: a checkpoint was saved; train.py exits with status 130."""
+
+
+class Interrupts:
+    """Ctrl-C (SIGINT) during a run. Before the loop the first one stops the run at once (KeyboardInterrupt); in the
+    loop (after `arm`) it asks the loop to save a checkpoint and stop after the current step. Either way the next
+    one ends the process at once (the signal's default action: nothing more is saved). So no press is lost: not
+    while XLA compiles (Python handlers wait for it, the default action does not), nor when a library swallows the
+    KeyboardInterrupt (then `check` raises it at the next stage)."""
+
+    def __init__(self):
+        self.requested = self.armed = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if not self.armed:
+            raise KeyboardInterrupt
+        print("\nCtrl-C: stopping after this step with a checkpoint (Ctrl-C again: stop at once, without saving)",
+              file=sys.stderr, flush=True)
+
+    def check(self) -> None:
+        """KeyboardInterrupt if a Ctrl-C came before the loop (and was swallowed on its way)."""
+        if self.requested and not self.armed:
+            raise KeyboardInterrupt
+
+    def arm(self) -> None:
+        self.check()
+        self.armed = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData, ckpt: Checkpointer, out: Path,
-        start: int, meta: dict[str, Any], log: Callable = print) -> dict[str, Any]:
+        start: int, meta: dict[str, Any], interrupts: Interrupts | None = None,
+        log: Callable = print) -> dict[str, Any]:
     """Train from step `start` to `tc.steps`; returns the summary (final metrics, last evaluation, outputs).
 
     Metrics every `log_every` steps, evaluation every `eval_every`, a checkpoint (state + `meta`) every
     `save_every`, and all three at the last step. Process 0 alone writes metrics and the plot."""
     main = distributed.is_main()
+    stop = interrupts or Interrupts()
+    stop.arm()
     # Each process assembles only its block of rows of every batch (all rows with one process), train and eval.
     block, n_blocks = steps.batch_block
     eval_batches = [steps.place_batch(steps.local_rows(b))
@@ -45,18 +90,19 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData,
     checkpoints = out / "checkpoints"
     summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=data.most_frequent_token_baseline)
     writer = MetricsWriter(out) if main else _NoWriter()
-    progress = tqdm(total=tc.steps, initial=start, disable=not (tc.progress and main), dynamic_ncols=True, unit="step")
-    stop, meter, profile = _StopFlag(), _Throughput(tc.batch_size, batches, start), _Profile(tc, out, log)
+    progress = _Progress(tc, start)
+    meter, profile = _Throughput(tc.batch_size, batches, start), _Profile(tc, out, log)
     step, recent, last_eval = start, {}, {}
     try:
         if tc.dump_hlo and main:
             (out / "train_step.hlo.txt").write_text(steps.train_step.compile(state, eval_batches[0]).as_text())
             log(f"wrote the optimized HLO of the train step to {out / 'train_step.hlo.txt'}")
+        log(f"step {start + 1}: compiling the train step (the first step takes longer than the others)")
         while step < tc.steps:
             profile.before(step)
             state, metrics = steps.train_step(state, next(batches))
             step += 1
-            progress.update(1)
+            progress.update(metrics, log)
             profile.after(step, state)
             last = step == tc.steps
             stopping = _stop_agreed(stop.requested, step, tc)
@@ -71,10 +117,11 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData,
             if step % tc.save_every == 0 or last or stopping:
                 ckpt.save(step, state, dict(meta, step=step))
             if stopping:
-                raise TrainingStopped(f"interrupted: saved a checkpoint at step {step} in {checkpoints}; "
-                                      f"continue with: python train.py --out {out} --resume")
+                raise Interrupted(f"interrupted: saved a checkpoint at step {step} in {checkpoints}; continue "
+                                  f"with: python train.py --out {shlex.quote(str(out))} --resume")
     finally:
-        stop.restore()
+        if interrupts is None:
+            stop.restore()
         progress.close()
         batches.close()
         writer.close()
@@ -90,8 +137,10 @@ def _log_metrics(metrics, step: int, meter: "_Throughput", writer, progress, ckp
     fetched = jax.device_get(metrics)  # syncs: the throughput below covers the device work
     recent, bad = host_metrics(fetched), int(fetched["bad_step"])
     if bad >= 0:
-        raise TrainingStopped(f"non-finite loss at step {bad + 1}; stopped without saving it "
-                              f"(last good checkpoint: step {ckpt.latest_step()})")
+        latest = ckpt.latest_step()
+        raise TrainingStopped(f"non-finite loss at step {bad + 1}; stopped without saving it ("
+                              + ("no checkpoint saved yet)" if latest is None else f"last good checkpoint: step "
+                                 f"{latest}, in {ckpt.directory})"))
     record = dict(step=step, **recent, **meter.since_last(step))
     writer.write(record)
     progress.set_postfix(loss=f"{recent['loss']:.3f}", seq_s=f"{record['seq_per_s']:.0f}")
@@ -104,6 +153,36 @@ def _stop_agreed(requested: bool, step: int, tc: TrainConfig) -> bool:
     if jax.process_count() == 1:
         return requested
     return (step % tc.log_every == 0 or step == tc.steps) and distributed.any_process(requested)
+
+
+class _Progress:
+    """The progress bar, started once the first step (which compiles the train step) is done: its rate and time
+    left then count the steps alone."""
+
+    def __init__(self, tc: TrainConfig, start: int):
+        self.tc, self.step, self.bar = tc, start, None
+        self.began = time.perf_counter()
+
+    def update(self, metrics, log: Callable) -> None:
+        self.step += 1
+        if self.bar is None:
+            jax.block_until_ready(metrics)
+            log(f"step {self.step}: done in {time.perf_counter() - self.began:.1f}s (compiling included)")
+            self.bar = tqdm(total=self.tc.steps, initial=self.step, dynamic_ncols=True, unit="step",
+                            disable=not (self.tc.progress and distributed.is_main()))
+        else:
+            self.bar.update(1)
+
+    def set_postfix(self, **kwargs) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(**kwargs)
+
+    def write(self, text: str) -> None:
+        (self.bar or tqdm).write(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Throughput:
@@ -148,23 +227,3 @@ class _NoWriter:
 
     def close(self) -> None:
         pass
-
-
-class _StopFlag:
-    """The first Ctrl-C asks the loop to save and stop after the current step; a second one aborts at once."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None

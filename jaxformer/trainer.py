@@ -1,10 +1,11 @@
 """Pre-training: `train(tc)`, the whole run that `python train.py` starts, as four steps:
 
-1. `run.output_dir`: the output directory (`--out`, or runs/<timestamp>; what `--resume` needs there);
+1. `run.prepare`: the output directory (`--out`, or runs/<timestamp>; one run's own) and, with `--resume`, the
+   checks of the flags against the run's run.json;
 2. `load_data`: the tokenizer and the MLM + NSP examples (`data.PretrainingData`), every data error before any
    model work;
 3. `build_state`: the model, its compiled steps on the device mesh (`steps.Steps`) and the `TrainState` (restored
-   from the latest checkpoint with `--resume`);
+   from the newest checkpoint that verifies, with `--resume`);
 4. `loop.run`: the steps, metrics, evaluation, checkpoints and interrupts.
 
 A batch's path to the optimizer: `PretrainingData.train_batches` (numpy rows on the host) -> `Steps.place_batch`
@@ -14,59 +15,117 @@ gradients and the optax update of `steps.make_optimizer`) -> the next `TrainStat
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 
 from . import distributed, loop, run, sharding
-from .config import BertConfig, MeshConfig, TrainConfig
-from .data import DataConfig, PretrainingData, builtin_corpus, load_or_train_tokenizer
-from .loop import TrainingStopped
-from .outputs import Checkpointer
-from .steps import Steps, TrainState, build_model, make_optimizer
+from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
+from .data import DataConfig, PretrainingData, builtin_corpus, load_or_train_tokenizer, resolve_paths
+from .loop import Interrupted, TrainingStopped
+from .outputs import CheckpointError, Checkpointer, truncate_metrics
+from .steps import Steps, TrainState, build_model
 
-__all__ = ["TrainingStopped", "build_state", "load_data", "train"]
+__all__ = ["Interrupted", "TrainingStopped", "build_state", "load_data", "train"]
 
 
 def train(tc: TrainConfig, log: Callable = print) -> dict[str, Any]:
-    """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled.
+    """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled; a
+    Ctrl-C before the loop raises KeyboardInterrupt, one in the loop `Interrupted` (after saving a checkpoint).
 
-    With several processes (jaxformer.distributed) every process calls this with the same `tc`; process 0 alone
-    logs and writes metrics, plots and the tokenizer, and orbax writes each checkpoint once."""
-    # Join the other processes first: the mesh check below already asks JAX for its (global) device count.
-    distributed.initialize(distributed.resolve(tc.coordinator, tc.num_processes, tc.process_id))
-    if not distributed.is_main():
-        log = _quiet  # process 0 speaks for the run
-    # The mesh checks first (again below with the tokenizer's vocabulary): a bad --mesh fails before any data work.
-    sharding.validate(tc.mesh, tc.model_config(tc.vocab_size or 30522), tc)
-    out = run.output_dir(tc)
-    data = load_data(tc, out, log)
-    cfg = tc.model_config(data.vocab_size)
+    With `tc.resume`, `tc` must agree with the run's run.json on the fields that define the run:
+    `run.resumed_config` builds such a config from the flags given again. With several processes
+    (jaxformer.distributed) every process calls this with the same `tc`; process 0 alone logs and writes metrics,
+    plots, run.json and the tokenizer, and orbax writes each checkpoint once."""
+    interrupts = loop.Interrupts()
+    try:
+        # Join the other processes first: the mesh check below already asks JAX for its (global) device count.
+        distributed.initialize(distributed.resolve(tc.coordinator, tc.num_processes, tc.process_id))
+        if not distributed.is_main():
+            log = _quiet  # process 0 speaks for the run
+        # The mesh checks first (again below with the tokenizer's vocabulary): a bad --mesh fails before data work.
+        _check_mesh(tc, tc.model_config(tc.vocab_size or DEFAULT_VOCAB_SIZE))
+        record = None
+        if tc.resume:
+            path = run.resume_dir(tc.out)
+            record = run.read_record(path)
+            run.check_resume(tc, record, path, log)
+        output = run.prepare(tc)
+        try:
+            return _train(tc, output.path, record, interrupts, log)
+        except BaseException:
+            output.remove_if_unused()
+            raise
+    finally:
+        interrupts.restore()
+
+
+def _check_mesh(tc: TrainConfig, cfg: BertConfig) -> MeshConfig:
     mesh_cfg = sharding.validate(tc.mesh, cfg, tc)
+    if tc.sequence_parallel and mesh_cfg.tensor == 1:
+        raise ValueError(f"sequence_parallel=True needs a tensor axis > 1 (mesh={tc.mesh!r} resolves to "
+                         f"{mesh_cfg.spec()}): it splits the sequence over `tensor`")
+    return mesh_cfg
+
+
+def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.Interrupts",
+           log: Callable) -> dict[str, Any]:
+    corpus = resolve_paths(tc.data if tc.data is not None else builtin_corpus())
     ckpt = Checkpointer(out / "checkpoints")
     try:
-        meta = run.metadata(cfg, tc)
-        start = run.resume_step(ckpt, meta, tc, log) if tc.resume else 0
-        steps, state = build_state(cfg, mesh_cfg, tc, ckpt if tc.resume else None, start, log)
-        return loop.run(tc, steps, state, data, ckpt, out, start, meta, log)
+        if record is not None:  # every check of the resume before any data or model work
+            if not (out / "tokenizer.json").is_file():
+                raise CheckpointError(f"--resume: the run's tokenizer {out / 'tokenizer.json'} is missing")
+            run.check_inputs(record, corpus, out / "tokenizer.json")
+            at = ckpt.latest_step()
+            if at is None:
+                raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.directory} (the run stopped "
+                                      "before its first): start it afresh with --overwrite")
+            pieces = run.schedule_pieces(record, tc.steps, at)
+        data = load_data(tc, out, log)
+        interrupts.check()
+        if record is None:
+            tc = run.resolved(tc, data.vocab_size)
+        cfg = tc.model_config(data.vocab_size)
+        mesh_cfg = _check_mesh(tc, cfg)
+        if record is None:
+            record = run.new_record(tc, cfg, out / "tokenizer.json", corpus)
+            run.write_record(out, record)
+            pieces = record["schedule"]
+        else:
+            run.check_model(record, cfg)
+            if pieces != record["schedule"]:
+                log(f"extending the run from {record['schedule'][-1][1]} to {tc.steps} steps at step {at}: the "
+                    "learning rate goes on from its value there down to 0 (docs/training.md)")
+        steps, state, start = build_state(cfg, mesh_cfg, tc, ckpt if tc.resume else None, pieces, log)
+        if tc.resume:
+            run.write_record(out, run.resumed_record(record, tc, pieces))
+            if distributed.is_main():
+                dropped = truncate_metrics(out / "metrics.jsonl", start)
+                if dropped:
+                    log(f"metrics.jsonl: dropped {dropped} records after step {start} (they are written again)")
+        interrupts.check()
+        meta = dict(model_config=cfg.to_dict(), train_config=run.as_json(dataclasses.asdict(tc)))
+        summary = loop.run(tc, steps, state, data, ckpt, out, start, meta, interrupts, log)
+        return dict(summary, total_steps=pieces[-1][1])
     finally:
         ckpt.close()
 
 
 def load_data(tc: TrainConfig, out: Path, log: Callable = print) -> PretrainingData:
-    """The tokenizer (`--vocab`, the run's own from an earlier start, or trained on the corpus and saved as
+    """The tokenizer (`--vocab`, the run's own with `--resume`, or trained on the corpus and saved as
     <out>/tokenizer.json) and the examples of the corpus (`--data`, or the built-in one)."""
     main = distributed.is_main()
     paths = tc.data if tc.data is not None else builtin_corpus()
     if tc.data is None:
         log(f"data: built-in corpus (Python standard library docs) at {paths}")
-    vocab = tc.vocab
-    if vocab is None and tc.resume and (out / "tokenizer.json").exists():
-        vocab = out / "tokenizer.json"
+    vocab = out / "tokenizer.json" if tc.resume else tc.vocab
     tokenizer = None
     if main or vocab is not None:  # a given vocabulary: every process loads it, process 0 copies it to out/
-        tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or 4096, save_dir=out if main else None)
+        tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or DEFAULT_VOCAB_SIZE,
+                                            save_dir=out if main else None)
     if vocab is None:
         # WordPiece training is not reproducible run to run: process 0 trains, the others load its file.
         distributed.barrier("jaxformer-tokenizer")
@@ -77,8 +136,12 @@ def load_data(tc: TrainConfig, out: Path, log: Callable = print) -> PretrainingD
         raise ValueError(f"--vocab {tc.vocab} has {vocab_size} tokens but vocab_size={tc.vocab_size} was fixed")
     data = PretrainingData(DataConfig(paths=paths, seq_len=tc.seq_len, max_predictions_per_seq=tc.max_predictions,
                                       seed=tc.seed), tokenizer)
-    if data.stats.undecodable_lines:
-        log(f"data: skipped {data.stats.undecodable_lines} lines with undecodable bytes")
+    skipped = {"lines with undecodable bytes": data.stats.undecodable_lines,
+               ".jsonl lines that are not JSON objects with a string \"text\"": data.stats.malformed_lines,
+               "lines over 8 MiB": data.stats.overlong_lines}
+    for what, count in skipped.items():
+        if count:
+            log(f"data: skipped {count} {what}")
     steps_per_epoch = data.steps_per_epoch(tc.batch_size)  # DataError if the corpus cannot fill one batch
     log(f"data: {data.num_train_examples} training / {data.num_eval_examples} eval examples "
         f"({steps_per_epoch} steps per epoch), vocab {vocab_size}, seq_len {tc.seq_len}")
@@ -86,22 +149,28 @@ def load_data(tc: TrainConfig, out: Path, log: Callable = print) -> PretrainingD
 
 
 def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Checkpointer | None = None,
-                start: int = 0, log: Callable = print) -> tuple[Steps, TrainState]:
-    """The compiled steps of the model on the mesh, and the train state placed there: initialised from `tc.seed`,
-    then, with a `ckpt`, restored from its step `start`."""
+                pieces: list[list[int]] | None = None, log: Callable = print) -> tuple[Steps, TrainState, int]:
+    """The compiled steps of the model on the mesh, the train state placed there and its step: initialised from
+    `tc.seed` (step 0), or, with a `ckpt`, restored from its newest checkpoint that verifies. `pieces`: the
+    learning-rate schedule's (jaxformer/run.py; default one piece of `tc.steps`)."""
+    pieces = pieces or [[0, tc.steps]]
     mesh = sharding.make_mesh(mesh_cfg)
     model = build_model(cfg, tc.seed)
-    steps = Steps(model, make_optimizer(tc), tc, mesh)
+    scheduled = dataclasses.replace(tc, steps=pieces[0][1])  # the schedule's total, whatever --steps stops at
+    steps = Steps(model, run.optimizer(scheduled, pieces), scheduled, mesh)
+    if len(pieces) > 1:
+        steps.schedule = run.schedule(scheduled, pieces)  # the rate the metrics report
     state = steps.place(steps.init_state(model, tc.seed))  # the model's arrays now live (sharded) in `state`
+    start = 0
     if ckpt is not None:
-        state = ckpt.restore(start, state)
+        start, state = ckpt.restore_newest(state, log)
         log(f"resumed from {ckpt.directory / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, "
         f"kernels={steps.resolved_kernels(cfg.kernels)}) on "
         f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
         f"lr {tc.peak_lr}, batch {tc.batch_size}")
-    return steps, state
+    return steps, state, start
 
 
 def _quiet(*args, **kwargs) -> None:

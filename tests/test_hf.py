@@ -165,3 +165,26 @@ def test_unknown_keys_are_named(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="rotary"):
         from_transformers(tmp_path)
+
+
+def test_bad_config_json_and_non_finite_weights_are_named(tmp_path):
+    from safetensors.numpy import save_file
+
+    config_file = tmp_path / "config.json"
+    config_file.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"config\.json holds a JSON list, not an object"):
+        from_transformers(tmp_path)
+    config_file.write_text('{"model_type": "bert",')
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        from_transformers(tmp_path)
+    config_file.write_text(json.dumps({"model_type": "gpt2"}))  # no weights either: the config is named first
+    with pytest.raises(ValueError, match="model_type='gpt2'"):
+        from_transformers(tmp_path)
+
+    hf = _hf_model(CONFIGS[2], seed=3)
+    hf.config.to_json_file(config_file)
+    tensors = {k: v.numpy().copy() for k, v in hf.state_dict().items() if k != "cls.predictions.decoder.weight"}
+    tensors["bert.encoder.layer.0.output.dense.weight"][3, 4] = np.nan
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"NaN or infinite values in 1 tensor\(s\).*layer\.0\.output\.dense\.weight"):
+        from_transformers(tmp_path)
