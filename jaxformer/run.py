@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import optax
 
@@ -298,20 +297,7 @@ def schedule(tc: TrainConfig, pieces: list[list[int]]) -> optax.Schedule:
 
 
 def optimizer(tc: TrainConfig, pieces: list[list[int]]) -> optax.GradientTransformation:
-    """`steps.make_optimizer` on the schedule of `pieces`. One piece: that optimizer itself. Several: every piece's
-    optimizer updates the same state (the moments do not depend on the rate) and the update of the piece the step
-    count is in is applied, times its factor."""
+    """`steps.make_optimizer` on the schedule of `pieces` (one piece: the plain optimizer). Before the first
+    extension the rate is the first piece's, bit for bit, so a resumed run within its total repeats the original."""
     from .steps import make_optimizer
-    txs = [make_optimizer(dataclasses.replace(tc, steps=total)) for _, total in pieces]
-    if len(txs) == 1:
-        return txs[0]
-    _, factors = learning_rate(tc, pieces)
-
-    def update(grads, state, params=None):
-        count = optax.tree_utils.tree_get_all_with_path(state, "count")[0][1]  # updates so far, as the schedule's
-        results = [tx.update(grads, state, params) for tx in txs]
-        updates = results[0][0]
-        for (start, _), factor, (piece, _) in zip(pieces[1:], factors[1:], results[1:]):
-            updates = jax.tree.map(lambda a, b: jnp.where(count >= start, b * factor, a), updates, piece)
-        return updates, results[0][1]
-    return optax.GradientTransformation(txs[0].init, update)
+    return make_optimizer(tc, schedule(tc, pieces) if len(pieces) > 1 else None)

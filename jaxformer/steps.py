@@ -64,9 +64,10 @@ def _decay_mask(params):
     return jax.tree_util.tree_map_with_path(wants_decay, params)
 
 
-def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
-    """AdamW or LAMB (BERT's hyper-parameters) after clipping by global norm."""
-    schedule = learning_rate_schedule(tc)
+def make_optimizer(tc: TrainConfig, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
+    """AdamW or LAMB (BERT's hyper-parameters) after clipping by global norm, on `schedule` (default: the run's
+    warm-up and decay, `learning_rate_schedule`)."""
+    schedule = learning_rate_schedule(tc) if schedule is None else schedule
     if tc.optimizer == "adamw":
         opt = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
     else:
