@@ -226,7 +226,7 @@ def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: 
 
 
 def check_rows(rows: int, width: int, dtype, block_rows: int, field: str, *, multiple: int | None = None):
-    """ValueError (before any compile) for shapes these kernels do not take; the caller falls back to Triton.
+    """ValueError (before any compile) for shapes these kernels do not take; the registry says why (`Skip`).
     `width` must be a multiple of `multiple` (default: what the strided bias broadcast needs) and of LANES."""
     item = jnp.dtype(dtype).itemsize
     if item not in (2, 4):

@@ -69,7 +69,7 @@ def tuned(op: str, call, device: Device, choice: Choice, fn: Callable, like: Seq
     the operator with a choice on operands shaped like `like` (the shard's; only shapes and dtypes are kept, so
     nothing of the caller's trace reaches the tuner's thread). `named`: the caller named the implementation, so only
     its configs are tried; else every implementation that can run the call is."""
-    if interpret or not choice.impl.kernel:
+    if not choice.impl.kernel:
         return choice
     alternatives = [] if named else registry.runnable(op, call, device, choice)[1:]
     stages = ([lambda best: alternatives] if alternatives else []) + [

@@ -62,7 +62,9 @@ class Device:
     def __str__(self) -> str:
         cc = self.compute_capability
         cc = "" if cc is None else f", compute capability {'.'.join(map(str, cc))}"
-        return f"{self.kind or self.platform} ({self.platform}{cc})"
+        if not self.kind or self.kind == self.platform:
+            return self.platform + cc.replace(",", "", 1)
+        return f"{self.kind} ({self.platform}{cc})"
 
 
 DEVICES = {
@@ -193,7 +195,7 @@ def choose(op: str, call, device: Device | None = None, *, impl: str | None = No
     if impl is not None:
         chosen = operator_.implementation(impl)
         skip = chosen.supports(call, device)
-        if skip is not None and skip.kind == "call" or skip is not None and skip.kind == "device" and not interpret:
+        if skip is not None and (skip.kind == "call" or skip.kind == "device" and not interpret):
             raise ValueError(f"impl={impl!r} does not run this {op} call ({_fields(call)}) on {device}: {skip.reason}")
         return Choice(chosen, chosen.default(call, device) if blocks is None else blocks)
     skipped = []

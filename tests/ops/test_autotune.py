@@ -207,7 +207,7 @@ def test_tuned_times_the_implementations_that_run_then_the_winners_candidates(mo
 
     def choose(op, fields, default, stages, make_bench, *, interpret, alternatives=(), device=None):
         seen.update(op=op, fields=fields, default=default, alternatives=alternatives)
-        seen["stages"] = [stage(alternatives[0]) for stage in stages]
+        seen["stages"] = [stage(alternatives[0] if alternatives else default) for stage in stages]
         return default
 
     monkeypatch.setattr(autotune, "choose", choose)
@@ -223,12 +223,16 @@ def test_tuned_times_the_implementations_that_run_then_the_winners_candidates(mo
     assert seen["stages"][1] == [Choice(mosaic, c) for c in bdrln.kernel_mgpu.candidate_blocks(
         seen["alternatives"][0].config, stage="fwd")]
     assert len(seen["stages"][2]) > 0
-    # A named implementation is tuned alone; interpret mode and XLA implementations are never tuned.
+    # A named implementation is tuned alone; an XLA implementation is not tuned.
     autotune.tuned("bias_dropout_residual_layernorm", call, h100, first, None, [], interpret=False, named=True)
-    assert seen["alternatives"] == []
+    assert seen["alternatives"] == [] and seen["stages"][0] == [
+        Choice(bdrln.impls.TRITON, c) for c in bdrln.kernel.candidate_blocks(first.config, stage="fwd")]
     seen.clear()
-    assert autotune.tuned("bias_dropout_residual_layernorm", call, h100, first, None, [], interpret=True) is first
+    xla = registry.choose("bias_dropout_residual_layernorm", call, h100, impl="xla")
+    assert autotune.tuned("bias_dropout_residual_layernorm", call, h100, xla, None, [], interpret=False) is xla
     assert seen == {}
+    monkeypatch.undo()  # the real `choose`: interpret mode keeps the registry's choice
+    assert autotune.tuned("bias_dropout_residual_layernorm", call, h100, first, None, [], interpret=True) == first
 
 
 @pytest.mark.parametrize(("s", "h"), [(128, 64), (512, 64), (256, 128), (64, 32)])
