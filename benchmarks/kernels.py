@@ -1,12 +1,19 @@
-"""Fused Pallas kernels against XLA's fusion of the same reference math, forward and forward+backward.
+"""Fused operators' implementations (`pallas_kernels.registry`) against XLA's fusion of the same reference math,
+forward and forward+backward.
 
-    PYTHONPATH=. python benchmarks/kernels.py                    # every operator, BERT-base/large shapes
-    PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune # also try the block-size candidates (bdrln, bias_gelu,
-                                                                 # softmax, attention: the backward forms too)
-    PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls xla,pallas,mgpu  # Triton vs Mosaic GPU
-    PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss     # MLM cross-entropy: logits vs vocabulary chunks
-    PYTHONPATH=. python benchmarks/kernels.py --ops embedding    # the embedding block: XLA vs its fused kernels
+    PYTHONPATH=. python benchmarks/kernels.py                     # every operator, BERT-base/large shapes
+    PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune  # also try the registry's tunable candidates
+    PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls triton,mosaic  # Triton vs Mosaic GPU
+    PYTHONPATH=. python benchmarks/kernels.py --ops attention --peers  # with cuDNN (jax.nn.dot_product_attention)
+    PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss      # MLM cross-entropy: logits, chunks, fused kernels
+    PYTHONPATH=. python benchmarks/kernels.py --ops embedding     # the embedding block: XLA vs its fused kernels
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln,bias_gelu --passes fwd+bwd --device-time 20  # device time
+
+Rows: every implementation the registry has for the operator that runs the case on this device (named by
+`--impls`: xla, triton, mosaic, mosaic_bwd, chunked; `python -m jaxformer.ops --table` lists them), the XLA
+reference always (the baseline), plus a few variants beside them (the MLM loss's chunk widths and tile shapes; the
+unfused softmax kernel) and, with `--peers`, other libraries' attention (cuDNN and XLA through
+`jax.nn.dot_product_attention`, without dropout; JAX's own Mosaic GPU flash attention, without a mask).
 
 Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
 dead code, and an `optimization_barrier` between them keeps XLA from fusing one iteration into the next), for
@@ -15,12 +22,9 @@ overhead of the call; median of `--repeats`. Inputs are random and larger than L
 `--device-time CALLS` (a GPU) times each operator instead by its kernels' device time under the profiler: CALLS
 unchained calls, each on the next of K copies of the inputs (K x bytes >= 180 MB, so no call finds its operands in
 L2), the kernels' time per call summed (launch gaps left out). On an H200 timed chains of a ~50-150 us operator
-moved by 10-20% between processes where device time moved by 1-2% (benchmarks/results/kernels-h200.md, sessions
-21-22, whose tables are this method's).
+moved by 10-20% between processes where device time moved by 1-2% (benchmarks/results/kernels-h200.md, method).
 Bytes are what each operator must move (each input read once, each output written once); GB/s is against the copy
 bandwidth of `y = x + 1` over 256 MB buffers measured in the same run.
-The `mgpu` rows (bias_gelu, bdrln) are the Mosaic GPU kernels (`kernel_mgpu.py`) behind the same public functions
-(`backend="mgpu"`); they appear only on a Hopper-or-newer GPU (`kernel_mgpu.supported()`).
 """
 
 from __future__ import annotations
@@ -38,15 +42,10 @@ import jax.numpy as jnp
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
 import pallas_kernels.softmax as softmax
-from pallas_kernels.bias_dropout_residual_layernorm import kernel_mgpu as bdrln_mgpu
-from pallas_kernels.attention import kernel as attention_kernel
-from pallas_kernels.bias_gelu import kernel_mgpu as bias_gelu_mgpu
-from pallas_kernels.embedding_layernorm import kernel as embedding_kernel
-from pallas_kernels.mlm_loss import kernel as mlm_kernel
-from pallas_kernels import autotune
-from pallas_kernels.timing import grads_as_carry, time_step
-from pallas_kernels._pallas import row_block_candidates
+from pallas_kernels import autotune, registry
 from pallas_kernels.dropout import seed_from_key
+from pallas_kernels.mlm_loss import kernel as mlm_kernel
+from pallas_kernels.timing import grads_as_carry, time_step
 
 N1, N2 = 2, 10
 ROTATE_BYTES = [180 * 2**20]  # rotate inputs over at least this many bytes (--scale shrinks it)
@@ -54,14 +53,14 @@ ROTATE_BYTES = [180 * 2**20]  # rotate inputs over at least this many bytes (--s
 
 def per_iteration(step, carry, repeats, min_bytes=None, lengths=None):
     """Seconds per `step` (carry -> carry) iteration, by the difference of two chained run lengths
-    (`pallas_kernels.autotune.time_step`, which the autotuner times its candidates with too).
+    (`pallas_kernels.timing.time_step`, which the autotuner times its candidates with too).
 
     The inputs are rotated: K copies of `carry` (K x its bytes >= `min_bytes`, three times the H200's 60 MB L2),
     iteration i consumes copy i % K's previous output, so no iteration finds its operands in L2.
     `lengths` = (N1, N2) overrides the two run lengths (shorter ones compile faster: jaxformer/layout_search.py).
     """
     return time_step(step, carry, lengths=lengths or (N1, N2), repeats=repeats,
-                              rotate_bytes=min_bytes or ROTATE_BYTES[0], max_copies=None, nan_on_failure=False)
+                     rotate_bytes=min_bytes or ROTATE_BYTES[0], max_copies=None, nan_on_failure=False)
 
 
 def copy_bandwidth(repeats, scale=1):
@@ -69,11 +68,11 @@ def copy_bandwidth(repeats, scale=1):
     under the profiler (two buffers alternating, so neither is in L2), elsewhere timed as the operators are.
 
     float32, not bfloat16: XLA's bf16 element-wise loop reads an H200's memory 16-24% slower than its fp32 one over
-    the same bytes (3199 vs 4077 GB/s; PyTorch's device copy 4192; on an H100 5-13% slower), so the bf16 probe that
-    sessions 1-19 divided by understated the copy bandwidth and overstated every "% of copy BW"
-    (benchmarks/results/kernels-h200.md, session 20). Device time, not a timed chain: on an H200 the chain read 3291,
-    3749 and 4684 GB/s in three processes and the device time 4230-4261 in seven (session 21), so the
-    percentages against it are conservative for the timed operators (their time includes launch gaps).
+    the same bytes (3199 vs 4077 GB/s; PyTorch's device copy 4192; on an H100 5-13% slower), so a bf16 probe would
+    understate the copy bandwidth and overstate every "% of copy BW". Device time, not a timed chain: on an H200 the
+    chain read 3291, 3749 and 4684 GB/s in three processes and the device time 4230-4261 in seven, so the
+    percentages against it are conservative for the timed operators (their time includes launch gaps;
+    benchmarks/results/kernels-h200.md, method).
     """
     x = jax.random.normal(jax.random.key(0), (64 * 1024 * 1024 // scale,), jnp.float32)  # 256 MB
     if jax.default_backend() == "gpu":  # two buffers alternating, 20 calls
@@ -112,20 +111,46 @@ def device_time(step, args, calls, min_bytes=None):
     return sum(times.values()) / calls * 1e-9
 
 
-MGPU_BLOCKS = {"bias_gelu": bias_gelu_mgpu.Blocks, "bdrln": bdrln_mgpu.Blocks}
+@dataclasses.dataclass
+class Case:
+    """One shape of one operator: its rows `impls` {name: fn(*args, blocks=None)}, the registry's operator and call
+    (for the tunable candidates), the differentiable-arg count and the bytes each pass must move."""
 
-# The fused MLM loss's tile variants timed beside its default (session 30's gemm_probe.py: 128 x 256 tiles with 8
-# warps were the fastest forward at 1280 rows).
-MLM_FUSED_BLOCKS = {"fused": None,
-                    "fused-fwd128x256": mlm_kernel.Blocks(block_v=256, num_warps=8),
-                    "fused-all128x256": mlm_kernel.Blocks(block_v=256, num_warps=8, bwd_block_v=256, bwd_num_warps=8)}
+    op: str
+    label: str
+    impls: dict
+    args: tuple
+    n_in: int
+    bytes_fwd: int | None = None
+    bytes_fwd_bwd: int | None = None
+    registry_op: str | None = None
+    call: object = None
 
 
-def cases(ops, dtype, scale=1):
-    """(op, shape label, {impl: fn}, args, differentiable-arg count, bytes fwd, bytes fwd+bwd, Blocks class)."""
+def _registry_impls(op: str, call, entry, device) -> dict:
+    """{name: fn(*args, blocks=None)} of the implementations of `op` that run `call` on `device` (the XLA reference
+    always; a rule's "measured slower" does not stop one): `entry(impl, blocks)` is the operator with them."""
+    out = {}
+    for impl in sorted(registry.operator(op).implementations, key=lambda i: i.name != "xla"):  # the baseline first
+        skip = impl.supports(call, device)
+        if impl.name == "xla" or skip is None or skip.kind == "slower":
+            out[impl.name] = lambda *a, impl=impl.name, blocks=None: entry(impl, blocks)(*a)
+    return out
+
+
+# The fused MLM loss's tile variants timed beside its default: 128 x 256 tiles with 8 warps were the fastest forward
+# at 1280 rows (benchmarks/results/kernels-h200.md, MLM loss).
+MLM_VARIANTS = {"triton-fwd128x256": mlm_kernel.Blocks(block_v=256, num_warps=8),
+                "triton-all128x256": mlm_kernel.Blocks(block_v=256, num_warps=8, bwd_block_v=256, bwd_num_warps=8)}
+
+
+def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
+    """The benchmark's cases for the operators `ops`, in `dtype`, batch sizes divided by `scale`."""
+    device = registry.Device.current() if device is None else device
     key = jax.random.split(jax.random.key(1), 8)
     seed = seed_from_key(key[7])
     item = jnp.dtype(dtype).itemsize
+    name = jnp.dtype(dtype).name
     out = []
     if "bdrln" in ops:
         for rows, d in [(8192 // scale, 768), (8192 // scale, 1024), (32768 // scale, 1024)]:
@@ -134,77 +159,73 @@ def cases(ops, dtype, scale=1):
             ln_scale = 1 + 0.1 * jax.random.normal(key[4], (d,))
             for rate in (0.0, 0.1):
                 kw = dict(seed=seed, rate=rate, eps=1e-12)
-                impls = {"xla": lambda *a, kw=kw: bdrln.reference.bias_dropout_residual_layernorm(*a, **kw),
-                         "pallas": lambda *a, kw=kw, **b: bdrln.bias_dropout_residual_layernorm(*a, **kw, **b,
-                                                                                                backend="triton")}
-                if bdrln_mgpu.supported():
-                    impls["mgpu"] = lambda *a, kw=kw, **b: bdrln.bias_dropout_residual_layernorm(*a, **kw, **b,
-                                                                                                  backend="mgpu")
+                call = bdrln.Call(rows, d, name, name, rate)
+                impls = _registry_impls("bias_dropout_residual_layernorm", call, lambda impl, blocks, kw=kw: (
+                    lambda *a: bdrln.bias_dropout_residual_layernorm(*a, **kw, impl=impl, blocks=blocks)), device)
                 # fwd reads x, res, writes y; bwd reads x, res, dy, writes dx (+ d_res with dropout)
-                fb = (3 + (5 if rate else 4)) * rows * d * item
-                out.append(("bdrln", f"{rows}x{d} p={rate}", impls, (x, bias, res, ln_scale, shift), 5,
-                            3 * rows * d * item, fb, bdrln.kernel.Blocks))
+                out.append(Case("bdrln", f"{rows}x{d} p={rate}", impls, (x, bias, res, ln_scale, shift), 5,
+                                3 * rows * d * item, (3 + (5 if rate else 4)) * rows * d * item,
+                                "bias_dropout_residual_layernorm", call))
     if "bias_gelu" in ops:
         for rows, f in [(8192 // scale, 3072), (8192 // scale, 4096), (32768 // scale, 4096)]:
             x = jax.random.normal(key[0], (rows, f), dtype)
             bias = jax.random.normal(key[1], (f,))
-            # BERT's feed-forward has no dropout here (p=0); p=0.1 is the issue's "same math with dropout" target.
-            # The mask is regenerated by hash in both passes (the XLA reference draws the same one), so the bytes
-            # that must move are the same at both rates.
+            # BERT's feed-forward has no dropout here (p=0); p=0.1 is the same math with dropout. The mask is
+            # regenerated by hash in both passes (the XLA reference draws the same one), so the bytes that must move
+            # are the same at both rates.
             for rate in (0.0, 0.1):
                 kw = dict(seed=seed, rate=rate)
-                impls = {"xla": lambda *a, kw=kw: bias_gelu.reference.bias_gelu(*a, **kw),
-                         "pallas": lambda *a, kw=kw, **b: bias_gelu.bias_gelu(*a, **kw, **b, backend="triton")}
-                if bias_gelu_mgpu.supported():
-                    impls["mgpu"] = lambda *a, kw=kw, **b: bias_gelu.bias_gelu(*a, **kw, **b, backend="mgpu")
-                out.append(("bias_gelu", f"{rows}x{f} p={rate}", impls, (x, bias), 2, 2 * rows * f * item,
-                            5 * rows * f * item, bias_gelu.kernel.Blocks))
+                call = bias_gelu.Call(rows, f, name, rate)
+                impls = _registry_impls("bias_gelu", call, lambda impl, blocks, kw=kw: (
+                    lambda *a: bias_gelu.bias_gelu(*a, **kw, impl=impl, blocks=blocks)), device)
+                out.append(Case("bias_gelu", f"{rows}x{f} p={rate}", impls, (x, bias), 2, 2 * rows * f * item,
+                                5 * rows * f * item, "bias_gelu", call))
     if "softmax" in ops:
         for b, n, s in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             x = jax.random.normal(key[0], (b, n, s, s), dtype) * 3
             mask = jnp.arange(s)[None, :] < jax.random.randint(key[1], (b, 1), s // 2, s + 1)
             kw = dict(scale=0.125, seed=seed, rate=0.1)
-            impls = {"xla": lambda x, m=mask, kw=kw: softmax.reference.scaled_masked_softmax(x, m, **kw),
-                     "pallas": lambda x, m=mask, kw=kw, **bl: softmax.scaled_masked_softmax(x, m, **kw, **bl)}
+            call = softmax.Call(n * s, s, name, 0.1)
+            impls = _registry_impls("softmax", call, lambda impl, blocks, m=mask, kw=kw: (
+                lambda x: softmax.scaled_masked_softmax(x, m, **kw, impl=impl, blocks=blocks)), device)
             size = b * n * s * s * item
-            out.append(("softmax", f"B{b} N{n} S{s} p=0.1", impls, (x,), 1, 2 * size, 5 * size,
-                        softmax.kernel.Blocks))
+            out.append(Case("softmax", f"B{b} N{n} S{s} p=0.1", impls, (x,), 1, 2 * size, 5 * size, "softmax", call))
     if "attention" in ops:
-        from pallas_kernels.attention import attention, flash_attention, unfused_attention
+        from pallas_kernels.attention import flash_attention, impls as attention_impls, unfused_attention
         for b, n, s_ in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             q, k, v = (jax.random.normal(key[i], (b, s_, n, 64), dtype) for i in (0, 1, 2))
             lengths = jax.random.randint(key[3], (b,), s_ // 2, s_ + 1)
             mask = jnp.arange(s_)[None, :] < lengths[:, None]
             size = b * s_ * n * 64 * item
-
-            def ours(rate, m=mask):
-                """The XLA reference and our flash attention at this dropout rate."""
-                kw = dict(seed=seed, rate=rate)
-                return {"xla": lambda q, k, v: attention(q, k, v, m, **kw),
-                        "pallas": lambda q, k, v, blocks=None: flash_attention(q, k, v, m, **kw, block_sizes=blocks)}
             for rate in (0.1, 0.0):
-                impls = {**ours(rate), "pallas-unfused": lambda q, k, v, m=mask, rate=rate: unfused_attention(
-                    q, k, v, m, seed=seed, rate=rate)}
-                if not rate:
+                call = attention_impls.Call(b, s_, s_, n, 64, name, rate)
+                impls = _registry_impls("attention", call, lambda impl, blocks, m=mask, rate=rate: (
+                    lambda q, k, v: flash_attention(q, k, v, m, seed=seed, rate=rate, impl=impl, blocks=blocks)),
+                    device)
+                impls["triton-unfused"] = lambda q, k, v, m=mask, rate=rate: unfused_attention(
+                    q, k, v, m, seed=seed, rate=rate)
+                if peers and not rate:
                     for impl in ("cudnn", "xla"):
                         impls[f"jax.nn.dpa-{impl}"] = (
                             lambda q, k, v, impl=impl, ln=lengths, s_=s_: jax.nn.dot_product_attention(
                                 q, k, v, query_seq_lengths=jnp.full_like(ln, s_), key_value_seq_lengths=ln,
                                 implementation=impl))
-                out.append(("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
-                            12 * size, attention_kernel.BlockSizes))
-            if bias_gelu_mgpu.supported():
+                out.append(Case("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
+                                12 * size, "attention", call))
+            if peers and device.hopper:
                 # JAX's own Mosaic GPU flash attention (jax.experimental.pallas.ops.gpu.attention_mgpu, Hopper+): no
-                # key mask, no dropout, so only a speed bound for a Mosaic GPU version of ours (unchecked). Its
-                # scratch buffers are float16 (jax 0.11.2), so this row set runs on float16 inputs, ours beside it.
+                # key mask, no dropout, so only a speed bound. Its scratch buffers are float16 (jax 0.11.2), so this
+                # row set runs on float16 inputs, the XLA reference and Triton beside it.
                 from jax.experimental.pallas.ops.gpu import attention_mgpu
                 cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=min(128, s_), max_concurrent_steps=2,
                                                   block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-                impls = {**ours(0.0),
-                         "jax-mgpu-nomask": lambda q, k, v, cfg=cfg: attention_mgpu.attention(q, k, v, cfg)}
-                out.append(("attention", f"B{b} N{n} S{s_} H64 p=0.0 f16", impls,
-                            tuple(x.astype(jnp.float16) for x in (q, k, v)), 3, 4 * size, 12 * size,
-                            attention_kernel.BlockSizes))
+                call = attention_impls.Call(b, s_, s_, n, 64, "float16", 0.0)
+                impls = _registry_impls("attention", call, lambda impl, blocks, m=mask: (
+                    lambda q, k, v: flash_attention(q, k, v, m, impl=impl, blocks=blocks)), device)
+                impls["jax-mgpu-nomask"] = lambda q, k, v, cfg=cfg: attention_mgpu.attention(q, k, v, cfg)
+                out.append(Case("attention", f"B{b} N{n} S{s_} H64 p=0.0 f16", impls,
+                                tuple(x.astype(jnp.float16) for x in (q, k, v)), 3, 4 * size, 12 * size, "attention",
+                                call))
     if "mlm_loss" in ops:
         # The MLM head's tied decoder + cross-entropy at BERT-large's masked rows per step (B64 x P20 at S=128,
         # B16 x P80 at S=512: 1280) and 4x that; V = 30522, D = 1024. The output is folded into h's shape
@@ -219,12 +240,16 @@ def cases(ops, dtype, scale=1):
 
             def chained(f):
                 return lambda h, e, b, lab: h + 0 * f(h, e, b, lab)[0][:, None].astype(h.dtype)
-            impls = {"xla": chained(mlm_loss.mlm_cross_entropy)}
-            for c in (4096, 8192, 16384, 32768):  # 32768 > V: one chunk
-                impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
-            for name, bl in MLM_FUSED_BLOCKS.items():  # the fused Pallas kernels (the `pallas` row), block variants
-                impls[name] = chained(lambda *a, bl=bl: mlm_loss.mlm_cross_entropy_fused(*a, blocks=bl))
-            out.append(("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3, None, None, None))
+            call = mlm_loss.Call(rows, v, d, name)
+            impls = _registry_impls("mlm_cross_entropy", call, lambda impl, blocks: chained(
+                lambda *a: mlm_loss.mlm_cross_entropy(*a, impl=impl, blocks=blocks)), device)
+            if "chunked" in impls:
+                for c in (4096, 8192, 32768):  # beside the default 16384; 32768 > V: one chunk
+                    impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
+            if "triton" in impls:
+                for variant, bl in MLM_VARIANTS.items():
+                    impls[variant] = chained(lambda *a, bl=bl: mlm_loss.mlm_cross_entropy_fused(*a, blocks=bl))
+            out.append(Case("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3))
     if "embedding" in ops:
         # The embedding block (word/position/type gathers, sum, LN, dropout 0.1; once per step) at BERT-large's
         # tables: the reference (XLA's gathers and fusion) and the fused kernels (tables gathered inside them); the
@@ -233,7 +258,7 @@ def cases(ops, dtype, scale=1):
         # gathered fp32 word rows in, bf16 out; bwd: dy in, the word rows again, their fp32 gradient rows into the
         # dense (V, D) table gradient, whose zero fill is V*D*4 (position/type rows are small).
         from pallas_kernels import embedding_layernorm as embedding
-        v, d = 30528, 1024  # BERT-large's padded vocabulary (config.padded_vocab_size)
+        v, d = 30528, 1024  # BERT-large's padded vocabulary
         word, pos, typ = (0.02 * jax.random.normal(key[i], (n, d)) for i, n in ((1, v), (2, 512), (3, 2)))
         ln_scale, shift = 1 + 0.1 * jax.random.normal(key[4], (d,)), 0.1 * jax.random.normal(key[5], (d,))
         for b, s_ in [(64 // scale, 128), (16 // scale, 512)]:
@@ -241,18 +266,18 @@ def cases(ops, dtype, scale=1):
             types = jnp.broadcast_to((jnp.arange(s_) >= s_ // 2).astype(jnp.int32), (b, s_))
             x = jnp.zeros((b, s_, d), dtype)
 
-            def emb(fn, ids=ids, types=types):
-                def run(x, word, pos, typ, ln_scale, shift, **blocks):
+            def emb(impl, blocks, ids=ids, types=types):
+                def run(x, word, pos, typ, ln_scale, shift):
                     ids_ = ids + (x[:, :, 0] > 1e4).astype(ids.dtype)
-                    return fn(ids_, types, word, pos, typ, ln_scale, shift, seed=seed, rate=0.1, eps=1e-12,
-                              dtype=dtype, **blocks)
+                    return embedding.embedding_layernorm(ids_, types, word, pos, typ, ln_scale, shift, seed=seed,
+                                                         rate=0.1, eps=1e-12, dtype=dtype, impl=impl, blocks=blocks)
                 return run
+            call = embedding.Call(b * s_, d, name, 0.1)
             rows = b * s_ * d
-            out.append(("embedding", f"large B{b} S{s_} p=0.1",
-                        {"xla": emb(embedding.reference.embedding_layernorm),
-                         "pallas": emb(embedding.embedding_layernorm)},
-                        (x, word, pos[:s_], typ, ln_scale, shift), 6, rows * (4 + 2),
-                        rows * (4 + 2 + 2 + 4 + 4) + v * d * 4, embedding.kernel.Blocks))
+            out.append(Case("embedding", f"large B{b} S{s_} p=0.1",
+                            _registry_impls("embedding_layernorm", call, emb, device),
+                            (x, word, pos[:s_], typ, ln_scale, shift), 6, rows * (4 + 2),
+                            rows * (4 + 2 + 2 + 4 + 4) + v * d * 4, "embedding_layernorm", call))
     if "layer" in ops:
         from flax import nnx
 
@@ -271,28 +296,20 @@ def cases(ops, dtype, scale=1):
                     layer = nnx.merge(graphdef, state)
                     return layer(x, mask, key=key[5], deterministic=False)
                 impls[kernels] = run
-            out.append(("layer", f"large B{b} S{s_} p=0.1", impls, (x, state), 2, None, None, None))
+            out.append(Case("layer", f"large B{b} S{s_} p=0.1", impls, (x, state), 2))
     return out
 
 
-def tune_candidates(blocks_cls, pass_, args=()):
-    """Block sizes to try: forward tiles for the forward pass, backward tiles (forward at its default) for fwd+bwd."""
-    if blocks_cls is attention_kernel.BlockSizes:  # around the defaults for q's (B, S, N, H); the autotuner's list
-        s, h = args[0].shape[1], args[0].shape[3]
-        d = attention_kernel.default_block_sizes(s, h, dtype=args[0].dtype)  # as flash_attention's own default
-        return attention_kernel.candidate_block_sizes(d, s, h, stage="fwd" if pass_ == "fwd" else "bwd")
-    stage = "fwd" if pass_ == "fwd" else "bwd"
-    if blocks_cls is embedding_kernel.Blocks:
-        return embedding_kernel.candidate_blocks(embedding_kernel.default_blocks(args[0].size // args[0].shape[-1],
-                                                                                 args[0].shape[-1]), stage=stage)
-    for module in (bdrln.kernel, bias_gelu.kernel, bdrln_mgpu, bias_gelu_mgpu):  # the autotuner's lists
-        if blocks_cls is module.Blocks:
-            width = args[0].shape[-1]
-            return module.candidate_blocks(module.default_blocks(args[0].size // width, width), stage=stage)
-    d = blocks_cls()  # the softmax kernel: the row-wise forward list, its own backward chunks
-    if pass_ == "fwd":
-        return row_block_candidates(d, stage="fwd")
-    return [dataclasses.replace(d, bwd_block_rows=br, bwd_num_warps=w) for br, w in ((4, 4), (8, 4), (16, 8), (32, 8))]
+def tune_candidates(case: Case, impl: str, pass_: str, device) -> list:
+    """The registry's candidates for `impl` around its default for the case: forward tiles for the forward pass,
+    the backward's (forward at its default) for fwd+bwd; none for rows the registry does not configure."""
+    if case.registry_op is None or impl not in [i.name for i in registry.operator(case.registry_op).implementations]:
+        return []
+    implementation = registry.operator(case.registry_op).implementation(impl)
+    default = implementation.default(case.call, device)
+    if default is None:
+        return []
+    return implementation.candidates(default, case.call, device, "fwd" if pass_ == "fwd" else "bwd")
 
 
 def check_against(fn, ref, args, n_in, pass_):
@@ -335,8 +352,11 @@ def main():
     ap.add_argument("--passes", default="fwd,fwd+bwd", help="which passes to time")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tune", action="store_true", help="time each block-size candidate of the Pallas kernels")
-    ap.add_argument("--impls", default="", help="only these implementations (comma-separated, e.g. pallas,mgpu; "
-                    "xla always runs, as the baseline); default: all")
+    ap.add_argument("--impls", default="", help="only these rows (comma-separated registry implementation names, "
+                    "e.g. triton,mosaic, or variants such as chunked-4096; xla always runs, as the baseline); "
+                    "default: all")
+    ap.add_argument("--peers", action="store_true", help="also time other libraries' attention (cuDNN and XLA "
+                    "through jax.nn.dot_product_attention, JAX's Mosaic GPU flash attention)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--scale", type=int, default=1, help="divide the batch sizes (a quick smoke run on the CPU)")
     ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
@@ -367,10 +387,12 @@ def main():
     rows = []
     print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
-    for op, label, impls, args, n_in, bytes_f, bytes_fb, blocks_cls in cases(a.ops.split(","), dtype, a.scale):
-        if a.only not in label:
+    device = registry.Device.current()
+    for case in cases(a.ops.split(","), dtype, a.scale, peers=a.peers, device=device):
+        if a.only not in case.label:
             continue
-        for name, nbytes in (("fwd", bytes_f), ("fwd+bwd", bytes_fb)):
+        op, label, impls, args, n_in = case.op, case.label, case.impls, case.args, case.n_in
+        for name, nbytes in (("fwd", case.bytes_fwd), ("fwd+bwd", case.bytes_fwd_bwd)):
             if name not in a.passes.split(","):
                 continue
 
@@ -383,14 +405,12 @@ def main():
             for impl, fn0 in impls.items():
                 if a.impls and impl not in a.impls.split(",") and impl != "xla":
                     continue
-                cls = MGPU_BLOCKS.get(op) if impl == "mgpu" else blocks_cls
-                tunable = impl in ("pallas", "mgpu") and cls is not None
-                candidates = [None] + (tune_candidates(cls, name, args) if a.tune and tunable else [])
+                tuned = tune_candidates(case, impl, name, device) if a.tune else []
                 best = None
-                for blk in candidates:
+                for blk in [None] + tuned:
                     fn = (lambda *x, blk=blk, fn0=fn0: fn0(*x, blocks=blk)) if blk else fn0
                     try:
-                        if impl.startswith(("pallas", "chunked")) or impl == "mgpu":
+                        if impl != "xla" and not impl.startswith("jax"):  # peers differ in mask and dropout
                             err = check_against(fn, impls["xla"], args, n_in, name)
                             if not err < 2e-2:
                                 raise AssertionError(f"relative error {err:.2e} against the XLA reference")
@@ -400,7 +420,7 @@ def main():
                     except Exception as e:  # a candidate that does not compile is reported and skipped
                         print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
                         continue
-                    if a.tune and tunable:  # every candidate's time, under the row that reports the best
+                    if tuned:  # every candidate's time, under the row that reports the best
                         print(f"  candidate {impl} {name} {blk or 'default'}: {t * 1e6:.1f} us", flush=True)
                     if best is None or t < best[0]:
                         best = (t, blk)

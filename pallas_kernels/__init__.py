@@ -1,5 +1,7 @@
-"""Fused operators of BERT, one folder each: `__init__.py` (public function), `kernel.py` (Pallas kernel bodies,
-added with the kernel work) and `reference.py` (pure jax.numpy, the ground truth).
+"""Fused operators of BERT, one folder each: `__init__.py` (the public functions), `impls.py` (the operator's
+implementations in the order they are tried, and the per-shard call they judge), `kernel.py` (Triton kernels),
+`kernel_mgpu.py` (Mosaic GPU kernels, Hopper+) and `reference.py` (pure jax.numpy, the ground truth).
 
-`jaxformer.ops` is the one table that chooses an implementation for each operator.
+`registry.py` chooses the implementation of every call (`python -m jaxformer.ops --table` lists them); `autotune.py`
+may refine it by timing on the GPU; `timing.py` is the clock; `mesh.py` runs the kernels per shard.
 """

@@ -38,8 +38,8 @@ def _erf_terms(x, bc, k, recip):
     times the dropout scale) goes into the erf polynomial's coefficients: erf(z) = zc·P(zc²)/Q(zc²) with zc = z
     clipped to [-4, 4] (`_ERF_P`, `_ERF_Q`; `lax.erf` has no Triton lowering rule), and k·(1 + erf) is one
     multiply-add from zc·P_k and 1/Q = `recip(q)` (a division, or the Mosaic GPU kernels' rcp.approx.ftz). On the
-    Mosaic GPU forward with dropout that took the SASS from 38 to 29 instructions per element (session 24: h's add
-    and multiply, the dropout scale's multiply and rsqrt's denormal handling gone)."""
+    Mosaic GPU forward with dropout that took the SASS from 38 to 29 instructions per element (h's add and multiply,
+    the dropout scale's multiply and rsqrt's denormal handling gone; kernels-h200.md, bias+GELU)."""
     z = x * _SQRT_HALF + bc
     zc = jnp.clip(z, -4.0, 4.0)
     t = zc * zc

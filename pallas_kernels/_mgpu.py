@@ -1,6 +1,6 @@
 """Plumbing shared by the Mosaic GPU (Hopper+) kernels (`kernel_mgpu.py` of bias_gelu and BDRLN), as `_pallas.py` is
-for the Triton ones: the device check, `plgpu.kernel` with Lane semantics, the TMA pipeline (and its interpret-mode
-stand-in), WG_STRIDED layouts and the shape checks that send other shapes back to Triton.
+for the Triton ones: `plgpu.kernel` with Lane semantics, the TMA pipeline (and its interpret-mode stand-in),
+WG_STRIDED layouts and the shape checks behind the registry's "does it support this call" (`registry.py`).
 """
 
 from __future__ import annotations
@@ -20,25 +20,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 LANES = 256  # minor dimension of the GMEM views: TMA boxes are at most 256 elements along each dimension
 MAX_TILE_ROWS = 256  # the other TMA box dimension
 WARPGROUP = 128
-
-
-def supported() -> bool:
-    """True on a GPU backend whose first device is Hopper or newer (compute capability >= 9.0)."""
-    try:
-        if jax.default_backend() != "gpu":
-            return False
-        cc = getattr(jax.devices()[0], "compute_capability", None)
-        return cc is not None and int(str(cc).split(".")[0]) >= 9
-    except Exception:  # no GPU runtime, odd device strings: not supported
-        return False
-
-
-def device_kind() -> str:
-    """The first device's kind ("NVIDIA H100 80GB HBM3", "NVIDIA H200", ...), "" where there is none to ask."""
-    try:
-        return str(jax.devices()[0].device_kind)
-    except Exception:  # no runtime: the rules fall back to their defaults
-        return ""
 
 
 def row_block_candidates(around, rows: tuple[int, ...], *, stage: str) -> list:
@@ -86,39 +67,8 @@ def one_module(fn, static_argnames: tuple[str, ...]):
     """`fn` (a kernel's Python entry) behind one module-level `jax.jit`, so that every call site with the same shapes
     and static arguments shares one lowered Mosaic GPU module, one hash and so one compile per program. jax 0.11's
     Pallas lowering stamps each lowering with a per-process counter (`mosaic_gpu.dump_basename`), so bare calls give
-    each call site its own hash and its own compile (the attention backward: ~2.8 s per BERT layer, session 19)."""
+    each call site its own hash and its own compile (the attention backward: ~2.8 s per BERT layer)."""
     return functools.wraps(fn)(jax.jit(fn, static_argnames=static_argnames))
-
-
-def resolve_backend(backends: dict, backend: str, blocks) -> str:
-    """The backend name a row-wise operator runs: `backend`, checked against `backends` ("auto", "triton", "mgpu"),
-    except that with "auto" and `blocks` given the blocks' class names it (a `kernel.Blocks` runs Triton, a
-    `kernel_mgpu.Blocks` Mosaic GPU), so blocks tuned for one backend never reach the other's kernels."""
-    if backend not in backends:
-        raise ValueError(f"backend={backend!r} must be one of {tuple(backends)}")
-    if backend != "auto" or blocks is None:
-        return backend
-    for name in ("triton", "mgpu"):
-        if isinstance(blocks, backends[name].Blocks):
-            return name
-    raise ValueError(f"blocks={blocks!r} must be a kernel.Blocks (Triton) or a kernel_mgpu.Blocks (Mosaic GPU)")
-
-
-def per_shape(mgpu_module, triton_module, rows: int, width: int, takes, *, prefer_mgpu: bool = True,
-              **kw) -> list:
-    """The backends that take a (rows, width) shard, each as (module, its default blocks), the `backend="auto"` choice
-    first: `mgpu_module` on Hopper or newer where `takes(blocks)` raises no ValueError (the module's shape checks),
-    first when `prefer_mgpu`, and `triton_module`, which takes every shape. The autotuner times the others too.
-    `kw` goes to both modules' `default_blocks` (the dropout rate)."""
-    found = [(triton_module, triton_module.default_blocks(rows, width, **kw))]
-    if mgpu_module.supported():
-        blocks = mgpu_module.default_blocks(rows, width, **kw)
-        try:
-            takes(blocks)
-            found.insert(0 if prefer_mgpu else 1, (mgpu_module, blocks))
-        except ValueError:
-            pass
-    return found
 
 
 def interpret_available() -> bool:
@@ -173,8 +123,8 @@ def reciprocal(x, vec: int, interpret: bool, *, approx: bool = True):
     """1/x of a float32 WG_STRIDED array. `approx`: PTX `rcp.approx.ftz.f32`, one MUFU.RCP per element (at most 1
     ulp from 1/x; inputs and results below 2^-126 flush to zero). Mosaic GPU has no Pallas-level op for it: `x / y`
     is an IEEE `div.rn.f32` (about ten instructions), and `lax.rsqrt` under `approx_math` is `rsqrt.approx.f32`
-    without `.ftz`, which ptxas wraps in a denormal test and two predicated multiplies (bias+GELU's SASS, session
-    24), so the instruction goes in through `plgpu.inline_mgpu` and Mosaic GPU's `FragmentedArray._pointwise` /
+    without `.ftz`, which ptxas wraps in a denormal test and two predicated multiplies (bias+GELU's SASS), so the
+    instruction goes in through `plgpu.inline_mgpu` and Mosaic GPU's `FragmentedArray._pointwise` /
     `_lift_fast_instr` (private: where a jax lacks them, `1 / x` with a warning, once). Interpret mode (and
     `approx=False`): `1 / x`."""
     if interpret or not approx or not _has_fast_instr():
@@ -276,7 +226,7 @@ def kernel_call(body, out_type, *, programs: int, interpret: bool, approx_math: 
 
 
 def check_rows(rows: int, width: int, dtype, block_rows: int, field: str, *, multiple: int | None = None):
-    """ValueError (before any compile) for shapes these kernels do not take; the caller falls back to Triton.
+    """ValueError (before any compile) for shapes these kernels do not take; the registry says why (`Skip`).
     `width` must be a multiple of `multiple` (default: what the strided bias broadcast needs) and of LANES."""
     item = jnp.dtype(dtype).itemsize
     if item not in (2, 4):

@@ -105,7 +105,7 @@ def column_sums(*partials, interpret: bool, block_cols: int = 16, chunk_rows: in
     """Each (G, D) float32 array of `partials` summed over its G rows, as a (1, D) float32 array, all in one kernel
     launch (None stays None): the backward kernels' per-program partial sums of the parameter gradients. XLA runs one
     reduction kernel per array: three (G, D) arrays took 4.5-7.4 us on an H100 at G = 256-512, D = 768-1024, this
-    kernel 1.9-2.4 (its defaults the fastest of 30 block sizes there; kernels-h100.md, "Session 23"). Program (k, j)
+    kernel 1.9-2.4 (its defaults the fastest of 30 block sizes there; kernels-h100.md, BDRLN). Program (k, j)
     sums columns j·block_cols.. of array k in `chunk_rows`-row chunks, in a fixed order: the sums are deterministic
     (no atomics)."""
     present = [i for i, p in enumerate(partials) if p is not None]

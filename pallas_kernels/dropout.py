@@ -12,7 +12,7 @@ are >= round(rate * 2^16), so the kept fraction is the configured rate to within
 Inside the attention kernels the mask is drawn for every score three times (forward, dK/dV, dQ; twice with the
 one-kernel backward), where the hash is the largest cost besides the matrix products: one hash per two scores, the
 halves interleaved on the tile's last axis (`keep_mask_tile`), took flash attention fwd+bwd at S = 512 from 377-387
-to 348 us (benchmarks/results/kernels-h200.md, session 8). tests/test_ops.py checks the keep rate and the
+to 348 us (benchmarks/results/kernels-h200.md, Attention). tests/ops/test_dropout.py checks the keep rate and the
 independence across seeds, layers and neighbouring elements (pair mates included).
 """
 

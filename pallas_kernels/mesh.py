@@ -23,6 +23,16 @@ def _batch_axes(mesh) -> tuple[str, ...]:
     return tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
 
 
+def shard_counts(mesh, *, heads: bool = False) -> tuple[int, int]:
+    """(batch shards, head shards) of `batch_shard_map` on `mesh` (a mesh, a mapping of axis sizes, or None): the
+    leading dimension is split over the batch axes, and with `heads` the head dimension over `tensor`."""
+    sizes = {} if mesh is None else dict(getattr(mesh, "shape", mesh))
+    batch = 1
+    for a in BATCH_AXES:
+        batch *= sizes.get(a, 1)
+    return batch, sizes.get(HEAD_AXIS, 1) if heads else 1
+
+
 def current_mesh():
     """The mesh set with `jax.set_mesh` (or `with mesh:`), or None."""
     mesh = jax.sharding.get_abstract_mesh()

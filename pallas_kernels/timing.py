@@ -45,7 +45,7 @@ def step_clock(step: Callable, args: tuple, *, lengths=(2, 10), rotate_bytes: in
             return (runs[1] - runs[0]) / ((lengths[1] - lengths[0]) * k)
         print(f"jaxformer autotune: no time measured ({lengths[1]} rounds took {runs[1] * 1e6:.0f} us, {lengths[0]} "
               f"took {runs[0] * 1e6:.0f}, three times)", file=sys.stderr, flush=True)
-        return float("nan")  # never the fastest: `t < best` is False (kernels.py printed 0.0 us for this, session 9)
+        return float("nan")  # never the fastest: `t < best` is False (a 0.0 us reading could win a tuning)
 
     return clock
 
@@ -59,7 +59,7 @@ def time_step(step: Callable, args: tuple, *, lengths=(2, 10), repeats: int = 5,
     unrolled in one jit with an `optimization_barrier` after each step (XLA fuses nothing across steps), for n in
     `lengths`; the time per step is (T(n2) - T(n1)) / ((n2 - n1) K), which cancels the launch overhead; median of
     `repeats`. (A `fori_loop` chain added 25-40 us per step on an H100 and ranked block sizes wrongly; so did (1, 3)
-    rounds: kernels-h100.md, session 9.)"""
+    rounds: kernels-h100.md, autotuning.)"""
     return step_clock(step, args, lengths=lengths, rotate_bytes=rotate_bytes, max_copies=max_copies)(
         repeats, nan_on_failure)
 

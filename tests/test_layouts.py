@@ -165,12 +165,12 @@ def test_pallas_kernels_in_another_layout_match_xla():
     import pallas_kernels.attention as att
     calls = []
     orig = att.sharded_flash_attention_qkv
-    try:  # count the flash calls: the pallas path must really run (ops.TABLE holds the function itself)
+    try:  # count the flash calls: the pallas path must really run (ops.PALLAS holds the function itself)
         from jaxformer import ops
-        ops.TABLE["attention_qkv"]["pallas"] = lambda *a, **k: calls.append(1) or orig(*a, **k)
+        ops.PALLAS["attention_qkv"] = lambda *a, **k: calls.append(1) or orig(*a, **k)
         (y0, g0), (y1, g1) = _layer_outputs([lc.LayoutConfig()], "xla")[0], _layer_outputs([L], "pallas")[0]
     finally:
-        ops.TABLE["attention_qkv"]["pallas"] = orig
+        ops.PALLAS["attention_qkv"] = orig
     assert calls and layer.FLASH_QKV != L.qkv
     assert rel_err(y1, y0) < 1e-5
     for a, b in zip(g1, g0):

@@ -1,16 +1,15 @@
 """Mosaic GPU (Hopper+) flash attention for S = T = 128 and head width 64: a one-kernel backward with the same
-contract as `kernel.backward` (the key mask, dropout, packed q/k/v, the folded Q/K/V bias and its gradient; the
-default there), and a forward with `kernel.forward`'s (opt-in, `BlockSizes.mgpu_fwd`: measured no faster, session 20),
-persistent alike.
+contract as the Triton `backward.backward` (the key mask, dropout, packed q/k/v, the folded Q/K/V bias and its
+gradient; the `mosaic_bwd` implementation, the default where it runs), and a forward with `forward.forward`'s (the
+opt-in `mosaic` implementation: measured no faster than Triton's), persistent alike.
 
-Why: at S = 128 the Triton one-kernel backward (`kernel._bwd_fused_kernel`) multiplies 32 x 128 x 64 tiles with
-synchronous mma instructions at ~100 TFLOP/s and is latency-bound (~95 us at B64 N16: kernels-h200.md, session 7);
-here the products are Hopper's asynchronous wgmma on 64-row warpgroup tiles read from SMEM, and the whole (b, n) head
-moves through SMEM by TMA once (session 18's prototype: 52.6 us at p = 0).
+Why: at S = 128 the Triton one-kernel backward multiplies 32 x 128 x 64 tiles with synchronous mma instructions at
+~100 TFLOP/s and is latency-bound (~95 us at B64 N16); here the products are Hopper's asynchronous wgmma on 64-row
+warpgroup tiles read from SMEM, and the whole (b, n) head moves through SMEM by TMA once (kernels-h200.md, Attention).
 
 A persistent grid: one CTA per SM (`programs_for`), each looping over heads (b, n) = pid, pid + G, ... with two
 warpgroups and two input buffers, so the next head's q, k, v, dO, O, lse and mask rows load (TMA) while this head
-computes (session 19: the backward 70.1 -> 59.2 us of device time at B64 N16 p = 0.1, H200). Per head, warpgroup w
+computes (the backward 70.1 -> 59.2 us of device time at B64 N16 p = 0.1 on an H200). Per head, warpgroup w
 owns queries [64w, 64w + 64) first: scores S = Q_w K^T and dP = dO_w V^T (as two 64 x 64 key halves), P = exp2(S *
 scale * log2 e - lse), the dropout mask, dS = P * (dP - delta) (kept in registers) and dQ_w = dS K, staged in the
 consumed O rows and stored. It writes P (dropped) in bf16 to SMEM, laid out as (key half, query, key) tiles; after a
@@ -19,7 +18,7 @@ operand), staged in the consumed V rows; both warpgroups then overwrite P with d
 dK_w = dS^T Q, staged in the consumed K rows. delta = rowsum(dO * O) is formed from the warpgroup's O and dO tiles.
 The inputs of two heads (160 KB), P/dS (32 KB) and the small vectors fit one CTA's SMEM (~206 KB).
 
-Numerics and conventions follow `kernel.py`: base-2 scores, padded keys at finfo.min (exactly zero probability), a
+Numerics and conventions follow `tiles.py`: base-2 scores, padded keys at finfo.min (exactly zero probability), a
 constant score 0 for every key of an all-padded example, the mask drawn from the same hash and index
 ((b*N + n)*S + s)*T + t as `pallas_kernels.dropout.keep_mask` (bit for bit; each row's first index is formed in the
 kernel from the head and a per-row base XLA builds once, (S,) words), P cast to the inputs' dtype for the products.
@@ -44,16 +43,15 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
 from ..dropout import keep_mask_lanes
+from .tiles import shapes
 
-__all__ = ["backward", "check_shape", "forward", "programs_for", "shape_ok", "shapes", "supported"]
+__all__ = ["backward", "check_shape", "forward", "programs_for", "shape_ok"]
 
 _LOG2E = math.log2(math.e)
-_PADDED = float(jnp.finfo(jnp.float32).min)  # as kernel.py
+_PADDED = float(jnp.finfo(jnp.float32).min)  # as tiles.py
 _HALF = 64  # rows of a warpgroup's wgmma tile; S = T = 2 * _HALF
 _TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # SMEM tiles of bf16 rows, 128-byte swizzle
 _SEQ, _WIDTH = 2 * _HALF, 64
-
-supported = _mgpu.supported
 
 
 def shape_ok(s: int, t: int, h: int, dtype) -> bool:
@@ -136,7 +134,7 @@ def _products(interpret, *accs):
 def _dropout_words(seed, heads: int):
     """(2, 3, 64) uint32 for the kernels' dropout index, one (3, 64) block per warpgroup's query rows: the two seed
     words, each over 64 entries, and each row's base ((seed[2] * heads + seed[3]) * S + s) * T. Row s of head (b, n)
-    starts at index (((b + seed[2]) * heads + n + seed[3]) * S + s) * T (as kernel.py), i.e. base[s] plus
+    starts at index (((b + seed[2]) * heads + n + seed[3]) * S + s) * T (as tiles.py), i.e. base[s] plus
     (b * heads + n) * S * T, which the kernels add (`_first_index`)."""
     u32 = jnp.uint32
     rowbase = ((seed[2] * u32(heads) + seed[3]) * u32(_SEQ) + jnp.arange(_SEQ, dtype=u32)) * u32(_SEQ)
@@ -159,7 +157,7 @@ def _first_index(rowbase_ref, bi, ni, heads: int, interpret):
 
 
 def _masked_scores(sc, code, scale, real=None):
-    """Base-2 scores of a (queries, key half) tile, as `kernel._scores`: real keys (code > 0, or `real` where the
+    """Base-2 scores of a (queries, key half) tile, as `tiles.scores`: real keys (code > 0, or `real` where the
     caller has it) scaled, padded keys (code 0) at finfo.min, every key of an example without real keys (code -1)
     at 0."""
     real = code > 0 if real is None else real
@@ -219,24 +217,14 @@ def programs_for(heads_total: int, interpret: bool) -> int:
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, heads: int | None = None,
              packed: bool = False, bias=None, bias_grad: bool = False, programs: int | None = None):
-    """As `kernel.backward` (the one-kernel form): (dq, dk, dv), or with `packed` the packed dQKV (B, S, 3, N, H);
+    """As the Triton `backward.backward` (the one-kernel form): (dq, dk, dv), or with `packed` the packed dQKV (B, S, 3, N, H);
     with `bias_grad` also dbias (3, N, H) fp32. `seed` is the uint32[4] seed words or None (no dropout).
     `programs`: CTAs of the persistent grid (default `programs_for`).
 
     Every call goes through one `jax.jit` (`_mgpu.one_module`), so all call sites (the layers of a model) share one
-    Mosaic GPU module and compile it once per program (~2.8 s per layer before, session 18)."""
+    Mosaic GPU module and compile it once per program (bare calls compile one per call site: ~2.8 s per layer)."""
     return _backward_jit(q, k, v, code, seed, o, lse, do, bias, rate=float(rate), interpret=interpret, heads=heads,
                          packed=packed, bias_grad=bias_grad, programs=programs)
-
-
-def shapes(q, k, packed: bool):
-    """(B, S, N, H, T) of unpacked q (B, S, N, H), k (B, T, N, H), or of packed qkv (B, S, 3, N, H) (`kernel.py`'s
-    too: it imports this module)."""
-    if packed:
-        b, s, _, n, h = q.shape
-        return b, s, n, h, s
-    b, s, n, h = q.shape
-    return b, s, n, h, k.shape[1]
 
 
 def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs):
@@ -405,11 +393,11 @@ _backward_jit = _mgpu.one_module(_backward, ("rate", "interpret", "heads", "pack
 
 def forward(q, k, v, code, seed, *, rate: float, interpret: bool, heads: int | None = None, packed: bool = False,
             bias=None, programs: int | None = None):
-    """As `kernel.forward` at S = T = 128, H = 64, bf16: (o (B, S, N, H), lse (B, N, S) fp32, base 2), persistent as
-    `backward` (one CTA per SM looping over the heads, the next head's q, k, v loaded while this one computes), all
-    call sites through one `jax.jit`. Off by default (`BlockSizes.mgpu_fwd`): on an H200 (session 20, kernels-h200.md)
-    it matched the reference compiled and took 31.0 vs 34.1 us of device time (B64 N16, p = 0.1), but timed fwd+bwd
-    chains did not resolve a gain and BERT-large's train step was unchanged (1877 vs 1876 seq/s)."""
+    """As the Triton `forward.forward` at S = T = 128, H = 64, bf16: (o (B, S, N, H), lse (B, N, S) fp32, base 2),
+    persistent as `backward` (one CTA per SM looping over the heads, the next head's q, k, v loaded while this one
+    computes), all call sites through one `jax.jit`. Only in the opt-in `mosaic` implementation: on an H200 it took
+    31.0 against 34.1 us of device time (B64 N16, p = 0.1), but timed fwd+bwd chains did not resolve a gain and
+    BERT-large's train step was unchanged (kernels-h200.md, Attention)."""
     return _forward_jit(q, k, v, code, seed, bias, rate=float(rate), interpret=interpret, heads=heads, packed=packed,
                         programs=programs)
 
@@ -468,7 +456,7 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
             s0, s1 = _products(interpret, [(q_s.at[rows], _t(k_s.at[keys[0]]))],
                                [(q_s.at[rows], _t(k_s.at[keys[1]]))])
             xs = []
-            for kh, sc in enumerate((s0, s1)):  # masked base-2 scores, as kernel._scores
+            for kh, sc in enumerate((s0, s1)):  # masked base-2 scores, as tiles.scores
                 code = _per_col(code_s.at[slot, keys[kh]], interpret)
                 xs.append(_masked_scores(sc, code, scale))
             m = jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1))

@@ -42,7 +42,7 @@ def bwd_rows_per_program(rows: int, programs: int = 512, least: int = 16) -> int
     sum: `least` (16: enough programs in flight at 8192 rows), growing with the rows so that about `programs`
     partial rows are left. With 16 rows per program at 32768 rows the 2048 partial rows per gradient took 18-26 us
     to sum (H100), and the op at 32768x1024 with dropout took 179.1 us against 166.0 (H200 device time,
-    benchmarks/results/kernels-h200.md, "Session 21"). bias+GELU's backward measured equal either way and keeps 16."""
+    kernels-h200.md, BDRLN). bias+GELU's backward measured equal either way and keeps 16."""
     return max(least, pk.next_pow2(-(-rows // programs)))
 
 

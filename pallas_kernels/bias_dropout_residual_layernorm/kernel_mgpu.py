@@ -35,10 +35,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
-from .._mgpu import LANES, check_rows, kernel_call, load, pipeline, split_programs, supported
+from .._mgpu import LANES, check_rows, kernel_call, load, pipeline, split_programs
 from ..dropout import keep_mask_lanes, keep_scale
 
-__all__ = ["Blocks", "backward", "check_shape", "default_blocks", "forward", "supported"]
+__all__ = ["Blocks", "backward", "check_shape", "default_blocks", "forward"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Blocks:
     bwd_max_concurrent_steps: int = 2
     bwd_programs: int = 264
     # The forward's y from registers straight to GMEM (as the backward's dx), not through SMEM and TMA: the forward
-    # kernel 0-0.7 us faster at every BERT shape, p = 0 and 0.1 (H200 device time, session 22).
+    # kernel 0-0.7 us faster at every BERT shape, p = 0 and 0.1 (H200 device time; kernels-h200.md, BDRLN).
     fwd_direct_store: bool = True
     # The forward draws the next tile's dropout mask at the end of each step (a loop carry; the first tile's before the
     # pipeline starts), so no tile waits for its own hash after its data arrive (`default_blocks`: at <= 768 wide).
@@ -63,8 +63,8 @@ class Blocks:
     # fetch: 13-15 / 26-30 BAR.SYNC in the forward / backward kernel's SASS at 768-1024 wide); False (the default):
     # the kernels' own, one per step before the pipeline refetches into the slots the step read (with the forward's y
     # through SMEM, one before each y tile's write) and one before the backward's fold of its column sums (2 / 3
-    # BAR.SYNC): BDRLN with dropout 1.5-3% faster at 1024 wide, 0-1% at
-    # 768 (H200 device time, benchmarks/results/kernels-h200.md, "Session 25").
+    # BAR.SYNC): BDRLN with dropout 1.5-3% faster at 1024 wide, 0-1% at 768 (H200 device time; kernels-h200.md,
+    # BDRLN).
     auto_barriers: bool = False
     # The backward's (D,) bias and LN scale copied to SMEM once per program and read from there in every step,
     # instead of held in registers (32 per thread each at 1024 wide) for the whole program (`default_blocks`: at
@@ -73,21 +73,17 @@ class Blocks:
     # The backward's row statistics (mean, rstd) of all the program's tiles TMA'd GMEM -> SMEM once, before its
     # pipeline starts, and read from SMEM in every step, instead of each tile's loaded from GMEM a step ahead as a
     # loop carry: ptxas sinks that prefetch to the end of the step it was meant to run ahead of (at 255 registers),
-    # where the carry waits for it (ncu's stall samples, "Session 26"). Only where the program's statistics take at
-    # most `_MAX_SMEM_STATS` floats each, in copies of whole 128-byte multiples (else the prefetch: `stats_in_smem`).
+    # where the carry waits for it (ncu's stall samples; kernels-h200.md, BDRLN). Only where the statistics take at
+    # most `_MAX_SMEM_STATS` floats each per program, in copies of whole 128-byte multiples (else the prefetch:
+    # `stats_in_smem`).
     bwd_stats_smem: bool = True
     # The forward's / backward's tiles dealt to programs round-robin (program p takes tiles p, p + programs, ...), so
     # that the programs stream through one window of the arrays together, instead of each a contiguous run of tiles:
     # with dropout each kernel alone 0-5% faster at 1024 wide (caches flushed), fwd+bwd back to back -1 to -3%
-    # (-0.4 to -4.5 us), equal to -3% at 768 (H200, benchmarks/results/kernels-h200.md, "Session 26").
+    # (-0.4 to -4.5 us), equal to -3% at 768 (H200; kernels-h200.md, BDRLN).
     fwd_interleave: bool = True
     bwd_interleave: bool = True
     approx_math: bool = False
-
-    def __post_init__(self):
-        # Session 21's form (and autotune caches written then): True / False for all / none of the sums.
-        if isinstance(self.bwd_register_sums, bool):
-            object.__setattr__(self, "bwd_register_sums", 3 if self.bwd_register_sums else 0)
 
 
 _MAX_SMEM_STATS = 1024  # rows of statistics per program that the backward keeps in SMEM (4 KiB each of mean, rstd)
@@ -111,27 +107,14 @@ def stats_in_smem(blocks: Blocks, steps: int) -> bool:
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
     """4 rows per step, 3 (forward; 2 wider than 768) and 2 (backward) steps in flight, 2 programs per SM: the
-    fastest or within 1.4 us of it among 12 candidates (rows per step 4/8, steps in flight 2/3/4, 132/264 programs)
-    at 8192-32768 rows of 768 and 1024, p = 0.1 (H200 device time, benchmarks/results/kernels-h200.md, "Session 21";
-    8 rows of 768 per forward step, the default before, took 15.2 against 13.8 us at 8192 rows).
+    fastest or within 1.4 us of it among 12 candidates at 8192-32768 rows of 768 and 1024, p = 0.1.
 
     The backward's column sums in registers: all three where they take at most 72 per thread (3 x 4 rows x 768 / 128
-    threads; 10-35% less backward time than in SMEM at 768 wide, session 21); else, with dropout (`rate`), all three
-    where they take at most 96 (1024 wide) with the bias and LN scale moved to SMEM to make room
-    (`bwd_params_smem`); without, two where they take at most 64; else none. At 1024 wide (session 22, H200 device
-    time, backward kernel at 8192 / 16384 / 32768 rows, 0 / 1 / 2 / 3 sums in registers, the parameters in
-    registers): with dropout 28.3 / **26.0** / 27.6 / 35.0, 52.9 / **48.2** / 53.9 / 66.5 and 99.5 / **90.6** / 101.6
-    / 127.6 us (the hash's registers); without 24.2 / 20.8 / **18.5** / 24.8, 44.0 / 38.3 / **37.1** / 48.7 and 81.8
-    / 69.8 / **69.3** / 92.3. With the parameters in SMEM and three sums (session 25, the kernels' own barriers):
-    with dropout 23.4 / 45.3-45.7 / 88.5-88.6 against one sum's 24.7-24.8 / 46.2-46.3 / 88.6-89.4 with the parameters
-    in registers; without 19.3 / 37.7 / 69.4-69.7 against two sums' 18.4-18.6 / 37.1-37.4 / 69.6-69.7.
-
-    The forward keeps 3 tiles in flight up to 768 wide and 2 wider: at 1024 wide, p = 0.1, 2 took 14.8-15.0 / 26.8-27.0
-    / 51.2-51.4 us at 8192 / 16384 / 32768 rows against 3's 15.1-15.2 / 27.8-27.9 / 52.9-53.7, while at 768 wide 3 stays
-    faster (40.5 against 44.0 us at 32768 rows; H200 device time, three alternating rounds, session 23). Its dropout
-    mask is drawn a step ahead (`fwd_mask_ahead`) up to 768 wide: 0.3 us less per call at 2048 and 8192 rows of 768
-    (12.57-12.65 against 12.92-12.95 us), 0.1-0.3 at 32768, while at 1024 wide it cost 0.3-0.5 / 0.8-1.1 us at 8192 /
-    32768 rows (its carried mask's registers; same method, session 23)."""
+    threads); else, with dropout (`rate`), all three where they take at most 96 (1024 wide) with the bias and LN scale
+    moved to SMEM to make room (`bwd_params_smem`); without, two where they take at most 64; else none. The forward's
+    dropout mask is drawn a step ahead (`fwd_mask_ahead`) up to 768 wide, where it saved 0.1-0.3 us per call and cost
+    0.3-1.1 us at 1024 wide (its carried mask's registers). All measured as H200 device time (kernels-h200.md, BDRLN).
+    """
     del rows
     blocks = Blocks()
     per_sum = blocks.bwd_block_rows * width // _mgpu.WARPGROUP  # float32 registers per thread for one sum
@@ -183,7 +166,7 @@ class _Tile:
         """The dropout keep mask of the tile (`first` = its first logical row, uint32): `keep_mask` of the element
         indices (first + row) * D + col, in the pair form (`keep_mask_lanes`: a row's first index is even, D being
         a multiple of the lanes, and each thread holds `vec` consecutive columns, so the compiler can draw one hash
-        per two columns, as bias+GELU's kernel does since session 16)."""
+        per two columns, as bias+GELU's kernel does)."""
         if self.interpret:
             r = lax.broadcast_in_dim(jnp.arange(self.shape[0], dtype=jnp.uint32), self.shape, (0,))
             c = lax.broadcast_in_dim(jnp.arange(self.shape[1], dtype=jnp.uint32), self.shape, (1,))

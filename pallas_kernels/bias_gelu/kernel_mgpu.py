@@ -28,11 +28,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .._math import _SQRT_HALF, gelu_grad, gelu_terms
 from .. import _mgpu
-from .._mgpu import (LANES, check_rows, iota, kernel_call, pipeline, reciprocal, split_programs, strided, supported,
-                     vec_size, zeros)
+from .._mgpu import (LANES, check_rows, iota, kernel_call, pipeline, reciprocal, split_programs, strided, vec_size,
+                     zeros)
 from ..dropout import keep_mask_lanes, keep_scale
 
-__all__ = ["Blocks", "backward", "default_blocks", "forward", "supported"]
+__all__ = ["Blocks", "backward", "check_shape", "default_blocks", "forward"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
@@ -45,26 +46,22 @@ class Blocks:
     bwd_programs: int = 264
     # Both kernels' tiles dealt round-robin to the programs (`_mgpu.tile_order`), not a contiguous run per program:
     # fwd+bwd -3.5 to -4% without dropout (BERT's FFN), -1.5% to +0.2% with (H200); -1 to -3.6% on the H100
-    # (benchmarks/results/kernels-h200.md, "Session 26").
+    # (kernels-h200.md and kernels-h100.md, bias+GELU).
     interleave: bool = True
     # exp as ex2.approx.ftz (~2 ulp) and erf's 1/Q as rcp.approx.ftz (<= 1 ulp; `_mgpu.reciprocal`), within the
     # tests' bound of the reference (float32 1e-5 relative); off: IEEE exp and division
     approx_math: bool = True
 
 
-def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
+def default_blocks(rows: int, width: int, rate: float = 0.0, *, kind: str = "") -> Blocks:
     """One row per backward step (its registers also hold the bias and the bias-gradient accumulator); the rest per
-    GPU, from alternating A/Bs of device time (benchmarks/results/kernels-h200.md and kernels-h100.md, "Session 24"):
-
-    - H200 and others (compute-bound with dropout): forward tiles of ~8K elements (2 rows of 3072 or 4096: with
-      dropout at 4096 wide 40.9 / 149.5 us at 8192 / 32768 rows against 1 row's 42.9 / 160.7, now that the z-form
-      kernels hold 119/155 registers, not 199/240); the backward with 3 steps in flight, 2 without dropout from 4096
-      wide (54.3 / 200.5 us against 58.2 / 219.9; with dropout, and at 3072 wide, 3 stayed faster in a sweep).
-    - H100 (~3.0 TB/s, memory-bound either way): at most 6K elements per forward tile with dropout (1 row of 4096:
-      49.9-50.7 / 200.0-202.8 us against 2 rows' 51.9-52.2 / 210.1-211.7) and 2 backward steps in flight
-      everywhere (-1 to -23 us against 3)."""
+    GPU `kind` (jax's device kind), from alternating A/Bs of device time (kernels-h200.md and kernels-h100.md,
+    bias+GELU): on the H200 (and others; compute-bound with dropout) forward tiles of ~8K elements (2 rows of 3072 or
+    4096) and the backward with 3 steps in flight, 2 without dropout from 4096 wide; on the H100 (~3.0 TB/s,
+    memory-bound either way) at most 6K elements per forward tile with dropout (1 row of 4096) and 2 backward steps
+    in flight everywhere."""
     del rows
-    if "H100" in _mgpu.device_kind():
+    if "H100" in kind:
         return Blocks(block_rows=max(1, (6144 if rate else 8192) // width), bwd_max_concurrent_steps=2)
     return Blocks(block_rows=max(1, 8192 // width), bwd_max_concurrent_steps=2 if not rate and width >= 4096 else 3)
 
@@ -73,6 +70,12 @@ def candidate_blocks(around: Blocks, *, stage: str) -> list[Blocks]:
     """Block sizes the autotuner (and `benchmarks/kernels.py --tune`) tries around `around`, per stage: rows per
     step in (1, 2, 4)."""
     return _mgpu.row_block_candidates(around, (1, 2, 4), stage=stage)
+
+
+def check_shape(rows: int, width: int, dtype, blocks: Blocks) -> None:
+    """ValueError (before any compile) where `forward` or `backward` would not take a (rows, width) shard."""
+    check_rows(rows, width, dtype, blocks.block_rows, "block_rows")
+    check_rows(rows, width, dtype, blocks.bwd_block_rows, "bwd_block_rows")
 
 
 # ----------------------------------------------------------------------------------------------------------------

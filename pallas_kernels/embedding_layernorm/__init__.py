@@ -1,9 +1,10 @@
 """Embedding gathers + sum + layernorm + dropout: `dropout(LN(word[ids] + position + token_type[type_ids]))`.
 
-`embedding_layernorm` here is the fused Pallas version (custom VJP; Triton kernels in `kernel.py`, which gather the
-table rows themselves); `reference.py` is the ground truth. The backward kernel writes the gathered rows' float32
-gradient, which XLA scatter-adds into the word table's gradient (as the reference's `jnp.take` transposes); the
-position and token-type gradients and the LN parameters' come from the kernel's per-program partial sums.
+`embedding_layernorm` runs one of the implementations in `impls.py` (the Triton kernels, which gather the table rows
+themselves, or the reference), chosen by the registry for the call and mesh or named by `impl=`. The backward kernel
+writes the gathered rows' float32 gradient, which XLA scatter-adds into the word table's gradient (as the reference's
+`jnp.take` transposes); the position and token-type gradients and the LN parameters' come from the kernel's
+per-program partial sums.
 """
 
 from __future__ import annotations
@@ -14,25 +15,21 @@ import jax
 import jax.numpy as jnp
 
 from .. import _pallas as pk
-from ..mesh import batch_shard_map, current_mesh
+from .. import registry
+from ..mesh import batch_shard_map, current_mesh, shard_counts
 from . import kernel as _k
 from . import reference
+from .impls import Call, mesh_axes
 
-__all__ = ["embedding_layernorm", "reference", "tables_split"]
-
-
-def tables_split(mesh) -> bool:
-    """Whether `mesh` splits the embedding tables (the `tensor` axis splits V, `fsdp` splits D: jaxformer.sharding's
-    PARAM_RULES). The kernels gather rows of whole tables, so there the operator runs the reference (XLA gathers
-    from the split tables) instead of all-gathering a table per call."""
-    return mesh is not None and any(mesh.shape.get(a, 1) > 1 for a in ("tensor", "fsdp"))
+__all__ = ["Call", "embedding_layernorm", "reference"]
 
 
 def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, *, seed, rate: float,
-                        eps: float, dtype=jnp.float32, interpret: bool | None = None, blocks: _k.Blocks | None = None):
+                        eps: float, dtype=jnp.float32, interpret: bool | None = None, blocks: _k.Blocks | None = None,
+                        impl: str | None = None):
     """Fused `reference.embedding_layernorm` (same contract): ids (B, S) int, word (V, D), position (S, D),
-    token_type (T, D), scale and ln_bias (D,). Per batch shard on a data-parallel mesh; the reference where a mesh
-    splits the tables (`tables_split`)."""
+    token_type (T, D), scale and ln_bias (D,). Per batch shard on a data-parallel mesh. `impl` names an
+    implementation (`impls.py`; default: the registry's choice: the reference where the mesh splits the tables)."""
     if input_ids.shape != token_type_ids.shape or input_ids.ndim != 2:
         raise ValueError(f"input_ids.shape={input_ids.shape} and token_type_ids.shape={token_type_ids.shape} must "
                          "be the same (B, S)")
@@ -45,18 +42,16 @@ def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, s
             raise ValueError(f"{name}.shape={v.shape} must be ({d},), the width of word.shape={word.shape}")
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
-    kw = dict(seed=seed, rate=rate, eps=eps, dtype=dtype)
-    if tables_split(current_mesh()):
-        return reference.embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias,
-                                             **kw)
+    interpret, mesh = pk.resolve_interpret(interpret), current_mesh()
+    call = Call(input_ids.size // shard_counts(mesh)[0], d, jnp.dtype(dtype).name, float(rate), mesh_axes(mesh))
+    choice = registry.choose("embedding_layernorm", call, impl=impl, blocks=blocks, interpret=interpret)
+    if not choice.impl.kernel:
+        return choice.impl.fn(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, seed=seed,
+                              rate=rate, eps=eps, dtype=dtype)
     seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
     ids, types = input_ids.astype(jnp.int32), token_type_ids.astype(jnp.int32)
     return _op(ids, types, word, position, token_type, scale, ln_bias, seed, float(rate), float(eps),
-               jnp.dtype(dtype), pk.resolve_interpret(interpret), blocks)
-
-
-def _blocks(blocks, ids, word):
-    return blocks or _k.default_blocks(ids.size, word.shape[1])
+               jnp.dtype(dtype), interpret, choice.config)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11, 12))
@@ -69,7 +64,7 @@ def _fwd(ids, types, word, position, token_type, scale, shift, seed, rate, eps, 
         seq = ids.shape[1]
         y, mean, rstd = _k.forward(ids, types, word, position, token_type, scale, shift,
                                    pk.seed_words(seed, b_offset * jnp.uint32(seq)), rate=rate, eps=eps,
-                                   out_dtype=dtype, interpret=interpret, blocks=_blocks(blocks, ids, word))
+                                   out_dtype=dtype, interpret=interpret, blocks=blocks)
         return y.reshape(*ids.shape, -1), mean.reshape(ids.shape), rstd.reshape(ids.shape)
 
     y, mean, rstd = batch_shard_map(run, n_batched=2)(ids, types, word, position, token_type, scale, shift, seed)
@@ -81,12 +76,11 @@ def _bwd(rate, eps, dtype, interpret, blocks, res, dy):
 
     def run(b_offset, ids, types, mean, rstd, dy, word, position, token_type, scale, seed):
         (batch, seq), d = ids.shape, word.shape[1]
-        blocks_ = _blocks(blocks, ids, word)
         dh, dscale, dshift, dpos, dtypes_part = _k.backward(
             ids, types, word, position, token_type, scale, pk.seed_words(seed, b_offset * jnp.uint32(seq)),
-            mean.reshape(-1), rstd.reshape(-1), dy.reshape(-1, d), rate=rate, interpret=interpret, blocks=blocks_)
+            mean.reshape(-1), rstd.reshape(-1), dy.reshape(-1, d), rate=rate, interpret=interpret, blocks=blocks)
         dscale, dshift, *dtypes = pk.column_sums(dscale, dshift, *dtypes_part, interpret=interpret)  # (1, D) each
-        per_pos = _k.programs_per_position(batch, blocks_)
+        per_pos = _k.programs_per_position(batch, blocks)
         dpos = dpos.reshape(seq, per_pos, d).sum(axis=1)
         # per shard: every output split on its leading axis by batch_shard_map, summed over the shards below
         return dh.reshape(batch, seq, d), dscale, dshift, dpos[None], jnp.concatenate(dtypes)[None]

@@ -51,16 +51,11 @@ class Blocks:
 
 
 def default_blocks(rows: int, width: int, rate: float = 0.0) -> Blocks:
-    """Measured on an H200 at BERT-large's B64 S128 and B16 S512 with dropout (device time;
-    benchmarks/results/kernels-h200.md, "Session 29").
-
-    Forward: 8 tiles of one row per program, 4 warps, the next tile's word rows fetched ahead. It took 23.2 / 23.4 us,
-    the fastest of 11 candidates (run 8). The one-tile programs took 28.2-30.8 us there, and 25.6 / 26.0 us in run 2's
-    form before the loop.
-
-    Backward: chunks of 2 rows (1 wider than 1024), 32 batch rows per program, the next chunk prefetched. Its blocks
-    were the fastest or within 0.7 us of it among 16: 149.4 / 151.6 us fwd+bwd, against 154.7 / 152.6 with 16 rows per
-    program and no prefetch (run 2). Triton's own pipeline stages 2-3 changed nothing."""
+    """Measured on an H200 at BERT-large's B64 S128 and B16 S512 with dropout (device time; kernels-h200.md,
+    embedding). Forward: 8 tiles of one row per program, 4 warps, the next tile's word rows fetched ahead (23.2 /
+    23.4 us, the fastest of 11 candidates). Backward: chunks of 2 rows (1 wider than 1024), 32 batch rows per program,
+    the next chunk prefetched (the fastest or within 0.7 us of it among 16); Triton's own pipeline stages 2-3 changed
+    nothing."""
     del rows, rate
     return Blocks(bwd_block_rows=2 if pk.next_pow2(width) <= 1024 else 1)
 

@@ -5,18 +5,36 @@ are 1280 * 30522 * 4 B = 156 MB, written by the GEMM, read by logsumexp, the lab
 backward, then read again and a same-sized d_logits written and read twice (dh and dE GEMMs): of the order of a
 gigabyte of traffic, and the largest single activation of the step, for an operator whose outputs are a few numbers
 per row.
-`mlm_cross_entropy_chunked` walks the vocabulary in chunks with an online logsumexp and a running argmax, saves only
-the float32 logsumexp per row, and recomputes each chunk's logits in the backward (one extra GEMM of 2*N*V*D flop,
-cheap next to the bytes it saves).
 
-- `reference.mlm_cross_entropy`: the ground truth, materialises the logits (the model's current math).
-- `chunked.mlm_cross_entropy_chunked`: pure JAX (`lax.scan` + `jax.custom_vjp`; XLA does the GEMMs).
-- `fused.mlm_cross_entropy_fused`: Pallas kernels (`kernel.py`) whose GEMM tiles reduce to the loss in registers;
-  the backward writes d_logits in the compute dtype for two XLA GEMMs. The `pallas` row of `jaxformer/ops.py`.
+`mlm_cross_entropy` runs one of the implementations in `impls.py`: the fused kernels (`fused.py`), the chunked loss
+(`chunked.py`) or the reference (`reference.py`), chosen by the registry for the call or named by `impl=`.
 """
 
-from .chunked import mlm_cross_entropy_chunked
-from .fused import mlm_cross_entropy_fused
-from .reference import mlm_cross_entropy
+import jax.numpy as jnp
 
-__all__ = ["mlm_cross_entropy", "mlm_cross_entropy_chunked", "mlm_cross_entropy_fused"]
+from .. import registry
+from .._pallas import resolve_interpret
+from ..mesh import current_mesh, shard_counts
+from . import reference
+from .chunked import check_inputs, mlm_cross_entropy_chunked
+from .fused import mlm_cross_entropy_fused
+from .impls import Call
+
+__all__ = ["Call", "mlm_cross_entropy", "mlm_cross_entropy_chunked", "mlm_cross_entropy_fused", "reference"]
+
+
+def mlm_cross_entropy(h, embedding, output_bias, labels, *, vocab_size=None, impl: str | None = None, blocks=None,
+                      interpret: bool | None = None):
+    """Same contract as `reference.mlm_cross_entropy`: float32 nll (...) and int32 predictions (...) of h (..., D)
+    against the (V, D) table. `impl` names an implementation (`impls.py`; default: the registry's choice for the
+    call); `blocks` the fused kernels' tile sizes."""
+    check_inputs(h, embedding, output_bias, labels)
+    v, d = embedding.shape
+    rows = h.size // max(d, 1)
+    call = Call(rows // shard_counts(current_mesh())[0], v, d, jnp.dtype(h.dtype).name)
+    choice = registry.choose("mlm_cross_entropy", call, impl=impl, blocks=blocks,
+                             interpret=resolve_interpret(interpret))
+    if choice.impl.kernel:
+        return mlm_cross_entropy_fused(h, embedding, output_bias, labels, vocab_size=vocab_size, blocks=choice.config,
+                                       interpret=interpret)
+    return choice.impl.fn(h, embedding, output_bias, labels, vocab_size=vocab_size)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def _check(h, embedding, output_bias, labels, chunk=None) -> int | None:
+def check_inputs(h, embedding, output_bias, labels, chunk=None) -> int | None:
     """Validate shapes and dtypes (and the chunk, where given) before any tracing; returns the chunk as an int."""
     if chunk is not None:
         try:
@@ -151,7 +151,7 @@ def mlm_cross_entropy_chunked(h, embedding, output_bias, labels, *, chunk: int =
       nll: float32 (...), differentiable w.r.t. h, embedding and output_bias (gradients in their dtypes).
       predictions: int32 (...) argmax of the logits, not differentiable.
     """
-    chunk = _check(h, embedding, output_bias, labels, chunk)
+    chunk = check_inputs(h, embedding, output_bias, labels, chunk)
     v = embedding.shape[0]
     valid = v if vocab_size is None else operator.index(vocab_size)
     if not 1 <= valid <= v:

@@ -10,8 +10,8 @@ float32 column sums for the bias gradient; dh = d_logits E and dE = d_logits^T h
 the reference and the chunked loss. d_logits (N, V) in the compute dtype is the one transient of that size (the
 reference keeps the float32 logits and writes a float32 d_logits besides).
 
-Where the kernels do not apply (float32 h: a Triton `dot` on float32 would round through TF32 on the GPU; a width
-that is not a multiple of 16) it runs the chunked loss (`chunked.py`), which has the same contract.
+The kernels take 16-bit h (a Triton `dot` on float32 would round through TF32 on the GPU) and a width that is a
+multiple of 16 (`supported`); the registry runs the chunked loss elsewhere (`impls.py`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,18 @@ import jax.numpy as jnp
 from .._pallas import resolve_interpret
 from ..mesh import batch_shard_map
 from . import kernel
-from .chunked import _check, mlm_cross_entropy_chunked
+from .chunked import check_inputs
 
 
-def supported(h_dtype, v: int, d: int, blocks: kernel.Blocks | None = None) -> bool:
-    """Whether the fused kernels take this shape: a 16-bit compute dtype and a width with a tile of >= 16 columns."""
-    return (jnp.dtype(h_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-            and kernel.tile_sizes(16, v, d, blocks or kernel.Blocks()) is not None)
+def unsupported(h_dtype, v: int, d: int, blocks: kernel.Blocks) -> str | None:
+    """Why the fused kernels do not take this call, or None: they need a 16-bit compute dtype and a width with a
+    tile of >= 16 columns."""
+    if jnp.dtype(h_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return (f"h.dtype={jnp.dtype(h_dtype).name} must be bfloat16 or float16 (a Triton dot on float32 rounds "
+                "through TF32)")
+    if kernel.tile_sizes(16, v, d, blocks) is None:
+        return f"width D={d} must be a multiple of 16 (a Triton dot's smallest tile)"
+    return None
 
 
 def _combine(m, s, ll, am):
@@ -82,8 +87,7 @@ def mlm_cross_entropy_fused(h, embedding, output_bias, labels, *, vocab_size=Non
     """Same contract as `reference.mlm_cross_entropy` and `chunked.mlm_cross_entropy_chunked`.
 
     Args:
-      h: (..., D) hidden states in the compute dtype (bfloat16 or float16 for the kernels; float32 runs the chunked
-        loss).
+      h: (..., D) hidden states in bfloat16 or float16, D a multiple of 16 (`unsupported` says why not).
       embedding: (V, D) tied word embeddings, any float dtype; cast to h's dtype once per call.
       output_bias: (V,) decoder bias, added in float32.
       labels: (...) int labels in [0, V) (out-of-range labels give nll = logz: they match no column).
@@ -94,14 +98,15 @@ def mlm_cross_entropy_fused(h, embedding, output_bias, labels, *, vocab_size=Non
       nll: float32 (...), differentiable w.r.t. h, embedding and output_bias (gradients in their dtypes).
       predictions: int32 (...) argmax of the logits, not differentiable.
     """
-    _check(h, embedding, output_bias, labels)
+    check_inputs(h, embedding, output_bias, labels)
     v, d = embedding.shape
     valid = v if vocab_size is None else int(vocab_size)
     if not 1 <= valid <= v:
         raise ValueError(f"vocab_size={vocab_size} must be in [1, V={v}]")
     blocks = blocks or kernel.Blocks()
-    if not supported(h.dtype, v, d, blocks):
-        return mlm_cross_entropy_chunked(h, embedding, output_bias, labels, vocab_size=vocab_size)
+    why = unsupported(h.dtype, v, d, blocks)
+    if why is not None:
+        raise ValueError(why)
     lead = h.shape[:-1]
     nll, pred = _fused(h.reshape(-1, d), embedding, output_bias, labels.reshape(-1).astype(jnp.int32), valid, blocks,
                        resolve_interpret(interpret))

@@ -14,8 +14,8 @@ BK-wide `dot`s with float32 accumulation; they never leave registers:
 
 Rows past N and columns past V (a partial last block) are masked loads and stores, chosen statically only where the
 shape has them; columns at and past `valid` (the model's vocabulary padding) never win and get zero gradient.
-Measured before writing these (benchmarks/results/kernels-h200.md, "Session 30", 6): a Pallas tile GEMM at
-1280 x 1024 x 30720 runs at 590 TFLOP/s on an H200 (cuBLAS 633), 505 with the forward's reductions.
+A Pallas tile GEMM at 1280 x 1024 x 30720 runs at 590 TFLOP/s on an H200 (cuBLAS 633), 505 with the forward's
+reductions (kernels-h200.md, MLM loss).
 """
 
 from __future__ import annotations

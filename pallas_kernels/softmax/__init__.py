@@ -1,7 +1,7 @@
 """Scaled, masked softmax + dropout on attention scores (Ivanov et al.'s SM forward, BS backward).
 
-`scaled_masked_softmax` here is the fused Pallas version (custom VJP, kernels in `kernel.py`); `reference.py` is
-the ground truth.
+`scaled_masked_softmax` runs one of the implementations in `impls.py` (the Triton kernels behind a custom VJP, or the
+reference), chosen by the registry or named by `impl=`.
 """
 
 from __future__ import annotations
@@ -12,27 +12,34 @@ import jax
 import jax.numpy as jnp
 
 from .. import _pallas as pk
+from .. import registry
 from ..mesh import batch_shard_map
 from . import kernel as _k
 from . import reference
+from .impls import Call
 
-__all__ = ["scaled_masked_softmax", "reference"]
+__all__ = ["Call", "scaled_masked_softmax", "reference"]
 
 
 def scaled_masked_softmax(scores, mask, *, scale: float, seed=None, rate: float = 0.0,
-                          interpret: bool | None = None, blocks: _k.Blocks | None = None):
+                          interpret: bool | None = None, blocks: _k.Blocks | None = None, impl: str | None = None):
     """Fused `dropout(softmax(scale * scores, masked))` over T; scores (B, N, S, T), key mask (B, T)."""
     b, n, s, t = scores.shape
     if mask.shape != (b, t):
         raise ValueError(f"mask.shape={mask.shape} must be (B, T)={(b, t)} for scores.shape={scores.shape}")
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
-    blocks = blocks or _k.default_blocks(n * s, t)
+    interpret = pk.resolve_interpret(interpret)
+    choice = registry.choose("softmax", Call(n * s, t, jnp.dtype(scores.dtype).name, float(rate)), impl=impl,
+                             blocks=blocks, interpret=interpret)
+    if not choice.impl.kernel:
+        return choice.impl.fn(scores, mask, scale=scale, seed=seed, rate=rate)
+    blocks = choice.config
     if (n * s) % blocks.block_rows or (n * s) % blocks.bwd_block_rows:
         raise ValueError(f"blocks={blocks}: block rows must divide N*S={n * s}")
     seed = None if seed is None else jnp.asarray(seed, jnp.uint32)  # None: `seed_words` gives zeros
     out = _op(scores.reshape(b * n * s, t), mask.astype(jnp.int32), seed, n * s, float(scale), float(rate),
-              pk.resolve_interpret(interpret), blocks)
+              interpret, blocks)
     return out.reshape(scores.shape)
 
 

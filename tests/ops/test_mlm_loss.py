@@ -1,13 +1,19 @@
-"""Chunked and fused MLM cross-entropy against the reference that materialises the logits: values, argmax and
-gradients (the fused kernels in interpret mode here, compiled on a GPU in the gpu-marked test)."""
+"""The MLM cross-entropy: the chunked loss and the fused kernels against the reference that materialises the logits
+(values, argmax and gradients; the kernels in interpret mode here, compiled on a GPU in the gpu-marked test), and the
+registry's choice between them."""
+
+import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.mlm_loss import mlm_cross_entropy, mlm_cross_entropy_chunked, mlm_cross_entropy_fused
+import pallas_kernels.mlm_loss as mlm_loss
+from pallas_kernels import registry
+from pallas_kernels.mlm_loss import mlm_cross_entropy_chunked, mlm_cross_entropy_fused
 from pallas_kernels.mlm_loss.kernel import Blocks
+from pallas_kernels.mlm_loss.reference import mlm_cross_entropy
 
 
 def _inputs(lead, v, d, h_dtype, e_dtype, seed=0):
@@ -262,14 +268,23 @@ def test_fused_argmax_ties_take_the_first_column():
     _close(nll, nll_ref, 1e-5)
 
 
-def test_fused_runs_chunked_where_the_kernels_do_not_apply():
-    """float32 h (a Triton dot would round through TF32 on the GPU) and a width of 8 take the chunked loss."""
-    for dtype, d in ((jnp.float32, 32), (jnp.bfloat16, 8)):
+def test_chunked_runs_where_the_kernels_do_not_apply(caplog, monkeypatch):
+    """float32 h (a Triton dot would round through TF32 on the GPU) and a width of 8 run the chunked loss, exactly, with
+    a warning naming why; the fused entry refuses them with the same reason; bf16 at a width of 32 runs the kernels."""
+    monkeypatch.setattr(registry, "_LOGGED", set())
+    for dtype, d, why in ((jnp.float32, 32, "h.dtype=float32 must be bfloat16 or float16"),
+                          (jnp.bfloat16, 8, "width D=8 must be a multiple of 16")):
         h, e, bias, labels, w = _inputs((10,), 100, d, dtype, jnp.float32, seed=10)
-        out = _run(mlm_cross_entropy_fused, h, e, bias, labels, w)
+        with caplog.at_level(logging.WARNING, logger="pallas_kernels"):
+            out = _run(mlm_loss.mlm_cross_entropy, h, e, bias, labels, w)
         want = _run(mlm_cross_entropy_chunked, h, e, bias, labels, w)
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert any(why in r.getMessage() and "running chunked" in r.getMessage() for r in caplog.records), why
+        with pytest.raises(ValueError, match=why):
+            mlm_cross_entropy_fused(h, e, bias, labels)
+    call = mlm_loss.Call(10, 100, 32, "bfloat16")
+    assert registry.choose("mlm_cross_entropy", call, log_skips=False).impl.name == "triton"
 
 
 def test_fused_bad_input_raises():

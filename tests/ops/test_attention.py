@@ -1,5 +1,7 @@
-"""Flash attention kernels (interpret mode on CPU) against the unfused reference: forward and VJP, padded key masks,
-all-padded examples, dropout on and off (the same counter-based mask, bit for bit), fp32 and bf16."""
+"""Flash attention (interpret mode on the CPU) against the unfused reference: forward and VJP, padded key masks,
+all-padded examples, dropout on and off (the same counter-based mask, bit for bit), fp32 and bf16; the Triton
+backward's forms, the Mosaic GPU passes, the packed projection with its bias, the per-shard run under a mesh, the
+registry's choice, and the compiled kernels on a GPU."""
 
 import dataclasses
 
@@ -8,22 +10,27 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import registry
+from pallas_kernels._pallas import seed_words
 from pallas_kernels.attention import (
-    BlockSizes,
+    Blocks,
     attention,
-    default_block_sizes,
+    default_blocks,
     flash_attention,
     flash_attention_qkv,
+    sharded_flash_attention,
     sharded_flash_attention_qkv,
 )
-from pallas_kernels import _mgpu
-from pallas_kernels._pallas import seed_words
-from pallas_kernels.attention import kernel, kernel_mgpu
+from pallas_kernels.attention import backward, forward, impls, kernel_mgpu
 from pallas_kernels.attention.reference import attention_qkv
+from pallas_kernels.attention.tiles import mask_code
 from pallas_kernels.dropout import seed_from_key
+from pallas_kernels.registry import Device
+
+from .harness import interpret_mosaic, kernels_here
 
 _TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
-_SMALL = BlockSizes(block_q=32, block_k=16, block_q_dkv=16, block_k_dkv=32, block_q_dq=32, block_k_dq=16)
+_SMALL = Blocks(block_q=32, block_k=16, block_q_dkv=16, block_k_dkv=32, block_q_dq=32, block_k_dq=16)
 
 
 def _inputs(key, b, s, t, n, h, dtype):
@@ -68,23 +75,29 @@ def _check(q, k, v, mask, g, *, rate, seed=1, exact_reference=False, **kw):
         assert _rel_err(x, ref) < tol, (name, _rel_err(x, ref))
 
 
-@pytest.mark.parametrize(("dtype", "rate"), [(jnp.float32, 0.0), (jnp.float32, 0.5), (jnp.bfloat16, 0.0),
-                                             (jnp.bfloat16, 0.1), (jnp.bfloat16, 0.5)])
-def test_matches_reference(dtype, rate):
+def _kernels(s, h, dtype):
+    return kernels_here("attention", impls.Call(2, s, s, 2, h, jnp.dtype(dtype).name, 0.1))
+
+
+@pytest.mark.parametrize(("dtype", "rate", "impl"), [
+    (dtype, rate, impl) for dtype, rate in [(jnp.float32, 0.0), (jnp.float32, 0.5), (jnp.bfloat16, 0.0),
+                                            (jnp.bfloat16, 0.1), (jnp.bfloat16, 0.5)]
+    for impl in _kernels(64, 32, dtype)])
+def test_matches_reference(dtype, rate, impl):
     # One full example and one with 24 trailing padded keys; default blocks (several steps in the backward loops).
     # (fp32 at rate 0.1 runs in the small-blocks test below.)
     # The truth is the reference in fp32 on the same (rounded) inputs: a bf16 reference carries its own rounding, which
     # depends on XLA:CPU's version (its dk is 0.75% off the truth under jax 0.10.2, 3.1% under 0.11.2, while the
     # kernel's stays at 0.3-0.7% under both).
     q, k, v, g = _inputs(jax.random.key(0), 2, 64, 64, 2, 32, dtype)
-    _check(q, k, v, _mask([64, 40], 64), g, rate=rate, exact_reference=True)
+    _check(q, k, v, _mask([64, 40], 64), g, rate=rate, exact_reference=True, impl=impl)
 
 
 def test_matches_reference_small_blocks_varied_lengths():
     # S != T, H = 64, 16/32-wide tiles so every loop runs several steps (online softmax across blocks, fully padded
     # key blocks, a length inside a block), varied lengths including an example with no real key (uniform softmax).
     q, k, v, g = _inputs(jax.random.key(2), 4, 64, 128, 2, 64, jnp.float32)
-    _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, block_sizes=_SMALL)
+    _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, blocks=_SMALL)
 
 
 @pytest.mark.parametrize(("fused", "key_major", "store_ds"), [(True, False, False), (True, True, False),
@@ -100,75 +113,73 @@ def test_backward_variants_match_reference(packed, fused, key_major, store_ds):
     if packed:
         qkv = jax.random.normal(jax.random.key(17), (3, 64, 3, 2, 32), jnp.float32)
         g = jax.random.normal(jax.random.key(18), (3, 64, 2, 32), jnp.float32)
-        _check_packed(qkv, _mask([64, 37, 0], 64), g, rate=0.2, block_sizes=blocks, bias=_packed_bias(qkv))
+        _check_packed(qkv, _mask([64, 37, 0], 64), g, rate=0.2, blocks=blocks, bias=_packed_bias(qkv))
     else:
         q, k, v, g = _inputs(jax.random.key(19), 4, 64, 128, 2, 64, jnp.float32)
-        _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, block_sizes=blocks)
+        _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, blocks=blocks)
 
 
 def test_default_backward_kernels():
-    assert default_block_sizes(128, 64).fused_bwd and default_block_sizes(64, 32).fused_bwd  # the tests' shapes
-    assert not default_block_sizes(512, 64).fused_bwd and not default_block_sizes(128, 128).fused_bwd
-    assert default_block_sizes(512, 64).store_ds and default_block_sizes(512, 64).key_major  # dS stored: key-major
-    assert not default_block_sizes(128, 64).store_ds and not default_block_sizes(512, 128).store_ds
+    assert default_blocks(128, 64).fused_bwd and default_blocks(64, 32).fused_bwd  # the tests' shapes
+    assert not default_blocks(512, 64).fused_bwd and not default_blocks(128, 128).fused_bwd
+    assert default_blocks(512, 64).store_ds and default_blocks(512, 64).key_major  # dS stored: key-major
+    assert not default_blocks(128, 64).store_ds and not default_blocks(512, 128).store_ds
     q, k, v, _ = _inputs(jax.random.key(20), 1, 32, 96, 1, 32, jnp.float32)
     with pytest.raises(ValueError, match="T=96 keys in one tile"):
-        flash_attention(q, k, v, jnp.ones((1, 96), bool), block_sizes=dataclasses.replace(_SMALL, fused_bwd=True))
+        flash_attention(q, k, v, jnp.ones((1, 96), bool), blocks=dataclasses.replace(_SMALL, fused_bwd=True))
 
 
-_MGPU = dataclasses.replace(default_block_sizes(128, 64), mgpu_bwd=True)
-_MGPU_INTERPRET = pytest.mark.skipif(not _mgpu.interpret_available(), reason="needs Mosaic GPU interpret mode on CPU")
+_FUSED = default_blocks(128, 64)  # the Triton one-kernel backward; the Mosaic GPU passes read only its fold_bias
 
 
-@_MGPU_INTERPRET
+@interpret_mosaic
 @pytest.mark.parametrize("packed", [False, True])
-def test_mgpu_backward_matches_reference(packed):
-    # The Mosaic GPU one-kernel backward (S = T = 128, H = 64, bf16) in Mosaic GPU's interpret mode: dropout, a length
-    # inside each key half, an example with no real key; packed with the folded bias and its gradient. Against the
-    # fp32 reference (the GPU-marked cases compile it).
+def test_mosaic_backward_matches_reference(packed):
+    # The Mosaic GPU one-kernel backward (S = T = 128, H = 64, bf16; `mosaic_bwd`) in Mosaic GPU's interpret mode:
+    # dropout, a length inside each key half, an example with no real key; packed with the folded bias and its
+    # gradient. Against the fp32 reference (the GPU-marked cases compile it).
     if packed:
         qkv = jax.random.normal(jax.random.key(22), (3, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
         g = jax.random.normal(jax.random.key(23), (3, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
-        _check_packed(qkv, _mask([128, 37, 0], 128), g, rate=0.1, block_sizes=_MGPU, bias=_packed_bias(qkv))
+        _check_packed(qkv, _mask([128, 37, 0], 128), g, rate=0.1, impl="mosaic_bwd", bias=_packed_bias(qkv))
     else:
         q, k, v, g = _inputs(jax.random.key(24), 3, 128, 128, 2, 64, jnp.bfloat16)
-        _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, block_sizes=_MGPU)
+        _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, impl="mosaic_bwd")
 
 
-@_MGPU_INTERPRET
-def test_mgpu_backward_draws_a_shards_mask():
+@interpret_mosaic
+def test_mosaic_backward_draws_a_shards_mask():
     # A batch and head shard (batch_offset 2, head_offset 1 of 4 heads, as `sharded_flash_attention_qkv` passes them):
     # the Mosaic GPU backward must regenerate the forward's mask of the unsharded tensor, so its gradients equal the
     # Triton one-kernel backward's (which test_dropout_mask_identical_to_reference ties to the reference) on the same
     # residuals, up to the two kernels' rounding. rate 0.5 makes a wrong mask visible.
     qkv = jax.random.normal(jax.random.key(26), (2, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
     do = jax.random.normal(jax.random.key(27), (2, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
-    code = kernel.mask_code(_mask([128, 50], 128))
+    code = mask_code(_mask([128, 50], 128))
     seed = seed_words(seed_from_key(jax.random.key(28)), 2, 1)
     kw = dict(rate=0.5, interpret=True, heads=4, packed=True)
-    o, lse = kernel.forward(qkv, qkv, qkv, code, seed, blocks=_MGPU, **kw)
-    got = kernel.backward(qkv, qkv, qkv, code, seed, o, lse, do, blocks=_MGPU, **kw)
-    want = kernel.backward(qkv, qkv, qkv, code, seed, o, lse, do, blocks=dataclasses.replace(_MGPU, mgpu_bwd=False),
-                           **kw)
+    o, lse = forward.forward(qkv, qkv, qkv, code, seed, blocks=_FUSED, **kw)
+    got = kernel_mgpu.backward(qkv, qkv, qkv, code, seed, o, lse, do, **kw)
+    want = backward.backward(qkv, qkv, qkv, code, seed, o, lse, do, blocks=_FUSED, **kw)
     for c in range(3):
         assert _rel_err(got[:, :, c], want[:, :, c]) < 1e-2, (c, _rel_err(got[:, :, c], want[:, :, c]))
     unsharded = seed_words(seed_from_key(jax.random.key(28)))  # another shard's mask: the gradients differ
-    other = kernel.backward(qkv, qkv, qkv, code, unsharded, o, lse, do, blocks=_MGPU, **kw)
+    other = kernel_mgpu.backward(qkv, qkv, qkv, code, unsharded, o, lse, do, **kw)
     assert _rel_err(other[:, :, 2], want[:, :, 2]) > 0.1
 
 
-@_MGPU_INTERPRET
-def test_mgpu_backward_persistent_grid():
+@interpret_mosaic
+def test_mosaic_backward_persistent_grid():
     # The kernel is persistent: each CTA loops over heads pid, pid + G, ..., loading the next head into the other
     # buffer while it computes this one. One program taking all 4 heads (buffers reused, barriers in their second
     # phase) must give the same gradients, bit for bit, as the default grid (3 programs here: 2, 1, 1 heads).
     qkv = jax.random.normal(jax.random.key(29), (2, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
     do = jax.random.normal(jax.random.key(30), (2, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
-    code = kernel.mask_code(_mask([128, 70], 128))
+    code = mask_code(_mask([128, 70], 128))
     seed = seed_words(seed_from_key(jax.random.key(31)))
     bias = _packed_bias(qkv)
-    o, lse = kernel.forward(qkv, qkv, qkv, code, seed, rate=0.1, interpret=True, packed=True, bias=bias,
-                            blocks=_MGPU)
+    o, lse = forward.forward(qkv, qkv, qkv, code, seed, rate=0.1, interpret=True, packed=True, bias=bias,
+                             blocks=_FUSED)
     kw = dict(rate=0.1, interpret=True, packed=True, bias=bias, bias_grad=True)
     (g3, db3), (g1, db1) = (kernel_mgpu.backward(qkv, qkv, qkv, code, seed, o, lse, do, programs=p, **kw)
                             for p in (None, 1))
@@ -179,10 +190,10 @@ def test_mgpu_backward_persistent_grid():
         kernel_mgpu.backward(qkv, qkv, qkv, code, seed, o, lse, do, programs=5, **kw)
 
 
-def test_mgpu_backward_lowers_one_kernel_for_all_call_sites():
+def test_mosaic_backward_lowers_one_kernel_for_all_call_sites():
     # Every call goes through one jax.jit, so three call sites (a model's layers) lower to one Mosaic GPU custom call,
     # called three times, and the kernel compiles once per program. Lowered bare, each call site's module carries a
-    # per-process counter (jax 0.11), hence its own hash and its own compile (~2.8 s per BERT layer, session 18).
+    # per-process counter (jax 0.11), hence its own hash and its own compile (~2.8 s per BERT layer).
     # Lowered for CUDA on the CPU: nothing compiles.
     sd = jax.ShapeDtypeStruct
     x = sd((2, 128, 2, 64), jnp.bfloat16)
@@ -197,14 +208,13 @@ def test_mgpu_backward_lowers_one_kernel_for_all_call_sites():
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
 
 
-@_MGPU_INTERPRET
+@interpret_mosaic
 @pytest.mark.parametrize("packed", [False, True])
-def test_mgpu_forward_matches_triton_forward(packed):
-    # The Mosaic GPU forward (session 19, off by default; compiled on the GPU by _GPU_CASES) in interpret mode against
-    # the Triton forward on the same inputs: the context and the base-2 logsumexp, with dropout, a length in each key
-    # half, an example with no real key, 6 heads on 3 programs; packed with the folded bias. Then forward and VJP of
-    # the whole operator with both Mosaic GPU kernels against the fp32 reference.
-    blocks = dataclasses.replace(_MGPU, mgpu_fwd=True)
+def test_mosaic_forward_matches_triton_forward(packed):
+    # The Mosaic GPU forward (the opt-in `mosaic` implementation; compiled on the GPU by _GPU_CASES) in interpret mode
+    # against the Triton forward on the same inputs: the context and the base-2 logsumexp, with dropout, a length in
+    # each key half, an example with no real key, 6 heads on 3 programs; packed with the folded bias. Then forward and
+    # VJP of the whole operator with both Mosaic GPU kernels against the fp32 reference.
     mask = _mask([128, 37, 0], 128)
     if packed:
         qkv = jax.random.normal(jax.random.key(35), (3, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
@@ -213,36 +223,60 @@ def test_mgpu_forward_matches_triton_forward(packed):
         args = _inputs(jax.random.key(36), 3, 128, 128, 2, 64, jnp.bfloat16)[:3]
         kw = {}
     # packed: a batch-and-head shard's mask (batch_offset 2, head_offset 1 of 4 heads), as in the backward's test
-    code = kernel.mask_code(mask)
+    code = mask_code(mask)
     seed = seed_words(seed_from_key(jax.random.key(37)), *((2, 1) if packed else ()))
     kw.update(heads=4 if packed else None)
-    got = kernel.forward(*args, code, seed, rate=0.1, interpret=True, blocks=blocks, **kw)
-    want = kernel.forward(*args, code, seed, rate=0.1, interpret=True, blocks=_MGPU, **kw)
+    got = kernel_mgpu.forward(*args, code, seed, rate=0.1, interpret=True, **kw)
+    want = forward.forward(*args, code, seed, rate=0.1, interpret=True, blocks=_FUSED, **kw)
     assert _rel_err(got[0], want[0]) < 1e-2, _rel_err(got[0], want[0])
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), atol=2e-3, rtol=0)
     g = jax.random.normal(jax.random.key(38), (3, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
     if packed:
-        _check_packed(qkv, mask, g, rate=0.1, block_sizes=blocks, bias=kw["bias"])
+        _check_packed(qkv, mask, g, rate=0.1, impl="mosaic", bias=kw["bias"])
     else:
-        _check(*args, mask, g, rate=0.1, seed=5, exact_reference=True, block_sizes=blocks)
+        _check(*args, mask, g, rate=0.1, seed=5, exact_reference=True, impl="mosaic")
 
 
-def test_mgpu_backward_shape_errors():
+def test_mosaic_shape_errors():
+    """A named Mosaic GPU implementation refuses other shapes and dtypes, naming them, before anything compiles."""
     q, k, v, _ = _inputs(jax.random.key(25), 1, 64, 64, 1, 64, jnp.bfloat16)
     with pytest.raises(ValueError, match="S = T = 128, H = 64.*got S=64, T=64, H=64"):
-        flash_attention(q, k, v, jnp.ones((1, 64), bool), block_sizes=_MGPU)
+        flash_attention(q, k, v, jnp.ones((1, 64), bool), impl="mosaic_bwd")
     q, k, v, _ = _inputs(jax.random.key(25), 1, 128, 128, 1, 64, jnp.float32)
     with pytest.raises(ValueError, match="dtype=float32"):
-        flash_attention(q, k, v, jnp.ones((1, 128), bool), block_sizes=_MGPU)
+        flash_attention(q, k, v, jnp.ones((1, 128), bool), impl="mosaic")
     with pytest.raises(ValueError, match="dtype=float16"):  # compiles the same way, but never ran on a GPU
-        flash_attention(*(x.astype(jnp.float16) for x in (q, k, v)), jnp.ones((1, 128), bool), block_sizes=_MGPU)
-    with pytest.raises(ValueError, match="needs fused_bwd=True"):
-        flash_attention(q, k, v, jnp.ones((1, 128), bool), block_sizes=dataclasses.replace(_MGPU, fused_bwd=False))
-    assert not default_block_sizes(128, 64, dtype=jnp.float32).mgpu_bwd
-    assert not default_block_sizes(128, 64, dtype=jnp.float16).mgpu_bwd
-    assert not default_block_sizes(512, 64, dtype=jnp.bfloat16).mgpu_bwd
-    assert default_block_sizes(128, 64, dtype=jnp.bfloat16).mgpu_bwd == (jax.default_backend() == "gpu"
-                                                                          and kernel_mgpu.supported())
+        flash_attention(*(x.astype(jnp.float16) for x in (q, k, v)), jnp.ones((1, 128), bool), impl="mosaic_bwd")
+
+
+@pytest.mark.parametrize("device", ["h200", "h100", "cpu"])
+def test_registry_runs_the_mosaic_backward_at_s128_bf16_on_hopper(device):
+    """`mosaic_bwd` where it runs (Hopper, S = T = 128, H = 64, bfloat16), Triton elsewhere; `mosaic` only named."""
+    def runs(s, dtype, op="attention_qkv"):
+        call = impls.Call(4, s, s, 16, 64, dtype, 0.1, op == "attention_qkv")
+        return registry.choose(op, call, Device.named(device), log_skips=False).impl.name
+    assert runs(128, "bfloat16") == ("triton" if device == "cpu" else "mosaic_bwd")
+    assert runs(128, "bfloat16", op="attention") == runs(128, "bfloat16")
+    assert runs(128, "float32") == runs(128, "float16") == runs(512, "bfloat16") == "triton"
+
+
+def test_sharded_entry_chooses_once_for_the_per_shard_call(monkeypatch):
+    """The sharded entry forms the call of one shard (B and N split over data=2, tensor=2) and passes its choice to
+    every shard; without a mesh the call is the whole batch."""
+    seen = []
+    real = registry.choose
+    monkeypatch.setattr(registry, "choose", lambda op, call, *a, **k: seen.append((call, k.get("impl"))) or real(
+        op, call, *a, **k))
+    qkv = jnp.zeros((4, 32, 3, 4, 16), jnp.float32)
+    mask = jnp.ones((4, 32), bool)
+    jax.eval_shape(lambda x: sharded_flash_attention_qkv(x, mask), qkv)
+    call = impls.Call(4, 32, 32, 4, 16, "float32", 0.0, True)
+    assert seen == [(call, None), (call, "triton")]  # the entry's choice, then flash_attention's (named)
+    seen.clear()
+    with jax.set_mesh(jax.make_mesh((2, 2), ("data", "tensor"))):
+        jax.eval_shape(lambda x: sharded_flash_attention_qkv(x, mask), qkv)
+    assert seen[0] == (impls.Call(2, 32, 32, 2, 16, "float32", 0.0, True), None)
+    assert set(seen[1:]) == {(impls.Call(2, 32, 32, 2, 16, "float32", 0.0, True), "triton")}
 
 
 def test_dropout_mask_identical_to_reference():
@@ -271,13 +305,13 @@ def test_shape_errors_name_the_value():
     q, k, v, _ = _inputs(jax.random.key(6), 1, 96, 96, 1, 32, jnp.float32)
     mask = jnp.ones((1, 96), bool)
     with pytest.raises(ValueError, match="S=96 must be a multiple of block_q=64"):
-        flash_attention(q, k, v, mask, block_sizes=BlockSizes(block_q=64, block_k=32, block_k_dkv=32))
+        flash_attention(q, k, v, mask, blocks=Blocks(block_q=64, block_k=32, block_k_dkv=32))
     q72, k72, v72, _ = _inputs(jax.random.key(6), 1, 72, 72, 1, 32, jnp.float32)
     with pytest.raises(ValueError, match="S=72"):
         flash_attention(q72, k72, v72, jnp.ones((1, 72), bool))
     with pytest.raises(ValueError, match="h=48"):
         flash_attention(q[..., :24].repeat(2, -1), k[..., :24].repeat(2, -1), v[..., :24].repeat(2, -1), mask)
-    assert default_block_sizes(96, 32).block_q == 32  # defaults pick a power of two that divides S
+    assert default_blocks(96, 32).block_q == 32  # defaults pick a power of two that divides S
 
 
 def _packed_value_and_vjp(fn, qkv, mask, g, seed, rate, bias=None):
@@ -306,15 +340,15 @@ def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, **kw):
     # The reference is fp32 attention on the biased input as each path rounds it (the documented operator): XLA's
     # add where the kernels do not fold the bias rounds the sum q/k/v + bias in qkv's dtype; the folding kernels round
     # at most q + bq (where a kernel loads q once, `_biased`; k's bias drops out of the softmax and v's enters through
-    # P's row sums, both exactly: kernel.py's shared tile math). The bias gradient is dQKV summed over B and S.
-    # (Until session 17 no sum was rounded: on the GPU the unfolded S = 512 p = 0 bias gradient was then 2.1% off,
-    # over the bound; 1.8% with the rounding modelled; benchmarks/results/kernels-h200.md, session 17.)
+    # P's row sums, both exactly: tiles.py). The bias gradient is dQKV summed over B and S. (With no sum rounded, the
+    # compiled unfolded S = 512 p = 0 bias gradient was 2.1% off, over the bound; 1.8% with the rounding modelled:
+    # benchmarks/results/kernels-h200.md, Attention.)
     g32 = g.astype(jnp.float32)
     if bias is None:
         ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g32, seed, rate)
     else:
         biased = (qkv + bias.astype(qkv.dtype)).astype(jnp.float32)  # every sum rounded
-        if (kw.get("block_sizes") or default_block_sizes(qkv.shape[1], qkv.shape[-1])).fold_bias:  # q's only
+        if (kw.get("blocks") or default_blocks(qkv.shape[1], qkv.shape[-1])).fold_bias:  # q's only
             exact = qkv.astype(jnp.float32) + bias.astype(qkv.dtype).astype(jnp.float32)
             biased = exact.at[:, :, 0].set(biased[:, :, 0])
         out, dqkv = _packed_value_and_vjp(attention_qkv, biased, mask, g32, seed, rate)
@@ -347,8 +381,8 @@ def test_packed_qkv_matches_reference(dtype, rate, bias):
     qkv = jax.random.normal(jax.random.key(8), (2, 64, 3, 2, 32), jnp.float32).astype(dtype)
     g = jax.random.normal(jax.random.key(9), (2, 64, 2, 32), jnp.float32).astype(dtype)
     blocks = dataclasses.replace(_SMALL, fold_bias=bias == "kernels") if rate == 0.3 else None
-    assert default_block_sizes(64, 32).fold_bias and not default_block_sizes(512, 64).fold_bias
-    _check_packed(qkv, _mask([64, 23], 64), g, rate=rate, block_sizes=blocks,
+    assert default_blocks(64, 32).fold_bias and not default_blocks(512, 64).fold_bias
+    _check_packed(qkv, _mask([64, 23], 64), g, rate=rate, blocks=blocks,
                   bias=None if bias is None else _packed_bias(qkv))
     with pytest.raises(ValueError, match=r"qkv must be \(B, S, 3, N, H\)"):
         flash_attention_qkv(qkv[:, :, :2], _mask([64, 23], 64))
@@ -380,9 +414,9 @@ def test_unfolded_bias_add_rounds_once(dtype):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 def test_unfolded_bias_add_rounds_once_on_gpu(dtype):
     # The same on the GPU, whose compiler differs here: with its excess precision (XLA's default) a float32 form of the
-    # add, (qkv.astype(f32) + bias.astype(bf16).astype(f32)).astype(bf16), added the bias unrounded (session 17, run
-    # 3; benchmarks/results/kernels-h200.md). The CPU suite runs with JAX_PLATFORMS=cpu on a GPU machine, so only a
-    # gpu-marked test checks the compiled GPU form.
+    # add, (qkv.astype(f32) + bias.astype(bf16).astype(f32)).astype(bf16), added the bias unrounded
+    # (benchmarks/results/kernels-h200.md, Attention). The CPU suite runs with JAX_PLATFORMS=cpu on a GPU machine, so
+    # only a gpu-marked test checks the compiled GPU form.
     _check_unfolded_bias_add(dtype)
 
 
@@ -406,55 +440,71 @@ def test_packed_qkv_under_a_mesh_equals_one_device():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-# The GPU shapes: the defaults at S = 128 and 512, and the other backward variants (the one-kernel backward or the
-# dK/dV + dQ pair, row- or key-major tiles, dS stored for the dQ product or recomputed; the Mosaic GPU one-kernel
-# backward).
-_GPU_CASES = [(128, {}), (128, {"fused_bwd": False, "key_major": False}), (128, {"fused_bwd": True, "key_major": True}),
-              (128, {"fused_bwd": True, "key_major": False}), (512, {}), (512, {"store_ds": False}),
-              (512, {"key_major": False, "store_ds": False}), (512, {"key_major": False}), (128, {"mgpu_bwd": True}),
-              (128, {"mgpu_bwd": True, "mgpu_fwd": True})]
+# The GPU shapes: the Triton defaults at S = 128 and 512, and the other backward variants (the one-kernel backward or
+# the dK/dV + dQ pair, row- or key-major tiles, dS stored for the dQ product or recomputed); the Mosaic GPU one-kernel
+# backward, and both Mosaic GPU passes.
+_GPU_CASES = [(128, {}, "triton"), (128, {"fused_bwd": False, "key_major": False}, "triton"),
+              (128, {"fused_bwd": True, "key_major": True}, "triton"),
+              (128, {"fused_bwd": True, "key_major": False}, "triton"), (512, {}, "triton"),
+              (512, {"store_ds": False}, "triton"), (512, {"key_major": False, "store_ds": False}, "triton"),
+              (512, {"key_major": False}, "triton"), (128, {}, "mosaic_bwd"), (128, {}, "mosaic")]
 
 
-def _gpu_blocks(s, variant):
-    """The variant's block sizes (the Triton defaults: no dtype given), skipping Mosaic GPU ones where unsupported."""
-    if variant.get("mgpu_bwd") and not kernel_mgpu.supported():
-        pytest.skip("the Mosaic GPU backward needs a Hopper-or-newer GPU")
-    return dataclasses.replace(default_block_sizes(s, 64), **variant)
+def _gpu_blocks(s, variant, impl):
+    """The variant of the Triton defaults for `impl`, skipping Mosaic GPU ones where the GPU has none."""
+    if impl.startswith("mosaic") and not Device.current().hopper:
+        pytest.skip("the Mosaic GPU passes need a Hopper-or-newer GPU")
+    return dict(blocks=dataclasses.replace(default_blocks(s, 64), **variant), impl=impl)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-@pytest.mark.parametrize(("s", "variant"), _GPU_CASES)
-def test_packed_compiled_matches_reference_on_gpu(s, variant, rate, with_bias):
+@pytest.mark.parametrize(("s", "variant", "impl"), _GPU_CASES)
+def test_packed_compiled_matches_reference_on_gpu(s, variant, impl, rate, with_bias):
     qkv = jax.random.normal(jax.random.key(10), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
     g = jax.random.normal(jax.random.key(11), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
     _check_packed(qkv, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, interpret=False,
-                  block_sizes=_gpu_blocks(s, variant), bias=_packed_bias(qkv) if with_bias else None)
+                  bias=_packed_bias(qkv) if with_bias else None, **_gpu_blocks(s, variant, impl))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("packed", [False, True])
-def test_mgpu_backward_loops_over_heads_on_gpu(packed):
+def test_mosaic_backward_loops_over_heads_on_gpu(packed):
     # More heads (B*N = 320) than SMs (132 on an H100/H200): each persistent CTA of the Mosaic GPU backward takes 2-3
     # heads, loading the next one while it computes (the _GPU_CASES shapes have 64 heads, one per CTA).
-    blocks = _gpu_blocks(128, {"mgpu_bwd": True})
+    kw = _gpu_blocks(128, {}, "mosaic_bwd")
     mask = _mask([128, 111, 64, 5] * 5, 128)
     if packed:
         qkv = jax.random.normal(jax.random.key(32), (20, 128, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
         g = jax.random.normal(jax.random.key(33), (20, 128, 16, 64), jnp.float32).astype(jnp.bfloat16)
-        _check_packed(qkv, mask, g, rate=0.1, interpret=False, block_sizes=blocks, bias=_packed_bias(qkv))
+        _check_packed(qkv, mask, g, rate=0.1, interpret=False, bias=_packed_bias(qkv), **kw)
     else:
         q, k, v, g = _inputs(jax.random.key(34), 20, 128, 128, 16, 64, jnp.bfloat16)
-        _check(q, k, v, mask, g, rate=0.1, exact_reference=True, interpret=False, block_sizes=blocks)
+        _check(q, k, v, mask, g, rate=0.1, exact_reference=True, interpret=False, **kw)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-@pytest.mark.parametrize(("s", "variant"), _GPU_CASES)
-def test_compiled_matches_reference_on_gpu(s, variant, rate):
+@pytest.mark.parametrize(("s", "variant", "impl"), _GPU_CASES)
+def test_compiled_matches_reference_on_gpu(s, variant, impl, rate):
     b, n, h = 4, 16, 64
     q, k, v, g = _inputs(jax.random.key(7), b, s, s, n, h, jnp.bfloat16)
     # Against the fp32 reference on the same bf16 inputs: the bf16 reference itself is ~1e-2 off the truth.
     _check(q, k, v, _mask([s, s - 17, s // 2, 5], s), g, rate=rate, exact_reference=True, interpret=False,
-           block_sizes=_gpu_blocks(s, variant))
+           **_gpu_blocks(s, variant, impl))
+
+
+def test_per_batch_shard_draws_the_unsharded_masks():
+    mesh = jax.make_mesh((4,), ("data",))
+    k = jax.random.split(jax.random.key(12), 4)
+    q, kk, v = (jax.random.normal(k[i], (8, 32, 2, 16)) for i in range(3))
+    mask = jnp.arange(32)[None, :] < jnp.arange(8, 40, 4)[:, None]
+    seed = seed_from_key(k[3])
+    f = jax.jit(lambda q, k, v: sharded_flash_attention(q, k, v, mask, seed=seed, rate=0.3))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    with jax.default_matmul_precision("highest"):
+        expected = attention(q, kk, v, mask, seed=seed, rate=0.3)
+        with jax.set_mesh(mesh):
+            got = f(*(jax.device_put(a, sharding) for a in (q, kk, v)))
+    assert _rel_err(got, expected) < 1e-5

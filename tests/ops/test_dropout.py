@@ -1,14 +1,12 @@
-"""The XLA reference operators and the counter-based dropout they share with the kernels."""
+"""The counter-based dropout the references and the kernels share: the keep rate, independence across seeds, layers
+and neighbouring elements, and the tile and lane forms the kernels draw equal to the per-element mask."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer import ops
 from pallas_kernels import dropout as dr
-from pallas_kernels.bias_dropout_residual_layernorm.reference import bias_dropout_residual_layernorm
-from pallas_kernels.softmax.reference import scaled_masked_softmax
 
 
 def _seed(i):
@@ -16,14 +14,14 @@ def _seed(i):
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
-def test_dropout_keep_rate(rate):
+def test_keep_rate(rate):
     index = jnp.arange(1 << 20, dtype=jnp.uint32)
     keep = np.asarray(dr.keep_mask(_seed(0), index, rate))
     # 1M Bernoulli draws: the standard error of the kept fraction is below 5e-4.
     assert abs(keep.mean() - (1 - rate)) < 3e-3
 
 
-def test_dropout_masks_independent_across_seeds_and_layers():
+def test_masks_independent_across_seeds_and_layers():
     index = jnp.arange(1 << 18, dtype=jnp.uint32)
     base = jax.random.key(3)
     masks = [np.asarray(dr.keep_mask(dr.seed_from_key(jax.random.fold_in(base, layer)), index, 0.5))
@@ -38,7 +36,7 @@ def test_dropout_masks_independent_across_seeds_and_layers():
     assert abs(np.corrcoef(m[:-1], m[1:])[0, 1]) < 0.01
 
 
-def test_dropout_pair_mates_independent():
+def test_pair_mates_independent():
     # One 32-bit hash serves elements 2i and 2i+1 (16 bits each): the mates must still be independent draws.
     keep = np.asarray(dr.keep_mask(_seed(5), jnp.arange(1 << 20, dtype=jnp.uint32), 0.1)).astype(np.float32)
     even, odd = keep[0::2], keep[1::2]
@@ -50,7 +48,7 @@ def test_dropout_pair_mates_independent():
 @pytest.mark.parametrize(("width", "first_col", "n_cols", "rows"),
                          [(768, 0, 1024, (0, 1, 7, 1000)), (512, 128, 64, (3, 4)), (7, 0, 8, (0, 1, 2)),
                           (1024, 0, 1024, (4194303, 4194309, 2**31 - 1))])  # last: the uint32 index wraps
-def test_dropout_tile_mask_matches_per_element_mask(width, first_col, n_cols, rows):
+def test_tile_mask_matches_per_element_mask(width, first_col, n_cols, rows):
     # keep_mask_tile (one hash per pair, halves interleaved; per element where width is odd) is keep_mask.
     seed = _seed(6)
     rows = jnp.asarray(rows, jnp.uint32)
@@ -61,7 +59,7 @@ def test_dropout_tile_mask_matches_per_element_mask(width, first_col, n_cols, ro
 
 
 @pytest.mark.parametrize("first", [0, 2, 1000, 2**31, 2**32 - 2048, 2**32 - 2])
-def test_dropout_lane_mask_matches_per_element_mask(first):
+def test_lane_mask_matches_per_element_mask(first):
     # keep_mask_lanes (the pair-friendly form the Mosaic GPU kernels use) equals keep_mask on first + lane for an even
     # first, including where the uint32 index wraps inside the tile.
     seed = dr.seed_from_key(jax.random.key(first % 97))
@@ -70,54 +68,9 @@ def test_dropout_lane_mask_matches_per_element_mask(first):
     np.testing.assert_array_equal(np.asarray(dr.keep_mask_lanes(seed, jnp.uint32(first), lane, 0.1)), np.asarray(want))
 
 
-def test_dropout_scales_kept_values():
+def test_scales_kept_values():
     x = jax.random.normal(jax.random.key(1), (64, 128))
     y = dr.dropout(x, _seed(1), 0.25)
     kept = np.asarray(y) != 0
     np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
     assert 0.7 < kept.mean() < 0.8
-
-
-def test_bdrln_normalises_rows_and_matches_numpy():
-    k = jax.random.split(jax.random.key(2), 5)
-    x, res = jax.random.normal(k[0], (2, 5, 96)), jax.random.normal(k[1], (2, 5, 96))
-    bias, scale, shift = (jax.random.normal(k[i], (96,)) for i in (2, 3, 4))
-    out = bias_dropout_residual_layernorm(x, bias, res, scale, shift, seed=None, rate=0.0, eps=1e-12)
-    h = np.asarray(x, np.float64) + np.asarray(bias, np.float64) + np.asarray(res, np.float64)
-    ref = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-12)
-    ref = ref * np.asarray(scale) + np.asarray(shift)
-    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
-
-
-def test_softmax_masks_keys_and_rows_sum_to_one():
-    scores = jax.random.normal(jax.random.key(5), (2, 3, 4, 6)) * 5
-    mask = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
-    p = np.asarray(scaled_masked_softmax(scores, mask, scale=0.5))
-    assert np.all(p[0, :, :, 4:] == 0)
-    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
-    ref = jax.nn.softmax(np.asarray(scores[1]) * 0.5, axis=-1)
-    np.testing.assert_allclose(p[1], ref, rtol=1e-6)
-
-
-def test_select_names_missing_operator():
-    assert ops.select("xla").bias_gelu is not None
-    assert ops.select("pallas").bias_gelu is not ops.select("xla").bias_gelu
-    expected = "pallas" if jax.default_backend() == "gpu" else "xla"
-    assert ops.select("auto").bias_gelu is ops.select(expected).bias_gelu
-    with pytest.raises(ValueError, match="kernels='cuda'"):
-        ops.select("cuda")
-
-
-def test_auto_is_pallas_on_a_gpu_except_with_sequence_parallelism(monkeypatch):
-    from jaxformer import sharding
-    assert ops.resolve("auto") == ("pallas" if jax.default_backend() == "gpu" else "xla")
-    monkeypatch.setattr(ops.jax, "default_backend", lambda: "gpu")  # the rule, as a GPU would see it
-    assert ops.resolve("auto") == "pallas" and ops.resolve("xla") == "xla"
-    with jax.set_mesh(sharding.make_mesh("data=4,pipeline=2", jax.devices()[:8])):
-        # Pipelines too, since batch_shard_map's fix (measured faster: benchmarks/results/distributed-2xh200.md)
-        assert ops.resolve("auto") == "pallas"
-        assert ops.resolve("xla") == "xla"  # an explicit choice is kept
-    with jax.set_mesh(sharding.make_mesh("data=8", jax.devices()[:8])):
-        assert ops.resolve("auto") == "pallas"
-        with sharding.sequence_parallel():  # S split over tensor: the kernels' shard_map splits only B
-            assert ops.resolve("auto") == "xla"

@@ -1,0 +1,199 @@
+"""Tile math shared by the Triton flash-attention kernels (`forward.py`, `backward.py`), and their BlockSpecs.
+
+Numerics: scores and softmax in fp32 in base 2 (s2 = q.k * H**-0.5 * log2(e), so exp2 replaces exp); the only
+residual besides the inputs and the output is the fp32 base-2 logsumexp `lse` (B, N, S) of each query row.
+
+Key mask: the (B, T) mask becomes an int32 code per key (`mask_code`): 1 real, 0 padded, -1 a key of an example with
+no real key at all. Padded keys get the reference's score finfo.min, so their probability is exactly 0. The
+reference gives an all-padded example the uniform distribution (softmax of T equal scores); a constant score 0 does
+the same while keeping its logsumexp finite (log2 T) for the backward, where finfo.min + log2 T would round back to
+finfo.min and make every recomputed probability 1 instead of 1/T.
+
+Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
+((b*N + n)*S + s)*T + t of the reference's BNST tensor (one hash per two neighbouring keys, `keep_mask_tile`), so the
+masks agree bit for bit. The backward regenerates the mask from the seed; it is never stored.
+
+The Q/K/V projection's bias (AIB) is folded into the kernels instead of a pass over the projection's output. Adding
+it to a tile loaded inside a loop, between the load and its `dot`, slowed every kernel, so only tiles loaded once per
+program get it added (`biased`); the rest follows from exact identities:
+- k's bias adds q.bk to every score of a query row: softmax is invariant to that, so it is left out everywhere
+  (its gradient, a sum of dK, is zero up to rounding: the rows of dS sum to zero);
+- v's bias adds rowsum(P * D) bv to the output (the forward accumulates that row sum, `ld`), and dO.bv to every
+  dP of a query row (`grad_tile(cq=)`);
+- q's bias adds bq.k_t to every score of key t (`grad_tile(kb=)`), and colsum(dS) bq to dK.
+"""
+
+import math
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from ..dropout import keep_mask_tile
+
+LOG2E = math.log2(math.e)
+PADDED = float(jnp.finfo(jnp.float32).min)  # the score of a padded key, as in the reference softmax
+
+
+def shapes(q, k, packed: bool):
+    """(B, S, N, H, T) of unpacked q (B, S, N, H), k (B, T, N, H), or of packed qkv (B, S, 3, N, H)."""
+    if packed:
+        b, s, _, n, h = q.shape
+        return b, s, n, h, s
+    b, s, n, h = q.shape
+    return b, s, n, h, k.shape[1]
+
+
+def mask_code(mask):
+    """int32 (B, T): 1 at real keys, 0 at padded keys, -1 at every key of an example without real keys."""
+    real = mask.astype(bool)
+    return jnp.where(real, 1, jnp.where(jnp.any(real, axis=1, keepdims=True), 0, -1)).astype(jnp.int32)
+
+
+def biased(x, bias_ref):
+    """A tile loaded once per program plus its head's bias (H,): added in fp32 and rounded to the tile's dtype, as
+    XLA's bf16 add of the bias to the projection rounds it."""
+    if bias_ref is None:
+        return x
+    return (x.astype(jnp.float32) + bias_ref[...].astype(jnp.float32)[None, :]).astype(x.dtype)
+
+
+def bias_dot(x, bias_ref):
+    """x (rows, H) . bias (H,) in fp32, per row; None without a bias."""
+    if bias_ref is None:
+        return None
+    return jnp.sum(x.astype(jnp.float32) * bias_ref[...].astype(jnp.float32)[None, :], axis=1)
+
+
+def scores(q, k, code, qk_scale):
+    """Masked base-2 scores (block_q, block_k) in fp32."""
+    s = pltriton.dot(q, k, trans_b=True) * qk_scale
+    fill = jnp.where(code == 0, PADDED, 0.0)[None, :]
+    return jnp.where(code[None, :] > 0, s, fill)
+
+
+def dropout_base(seed_ref, *, heads, s_len):
+    """(seed0, seed1, (b*N + n)*S in uint32) for the program's (b, n) = grid axes 1, 2; None without dropout.
+
+    seed_ref holds uint32 [seed0, seed1, batch_offset, head_offset]: b counts from the shard's first example and n
+    from its first head, with `heads` the total (unsharded) head count, so a batch or head (tensor-parallel) shard
+    draws the same mask as the unsharded reference. Called at the kernel's top level: the seed is loaded
+    once, and interpret mode substitutes program_id only there, not inside loop bodies.
+    """
+    if seed_ref is None:
+        return None
+    u32 = jnp.uint32
+    b = pl.program_id(1).astype(u32) + seed_ref[2]
+    head_row = (b * u32(heads) + pl.program_id(2).astype(u32) + seed_ref[3]) * u32(s_len)
+    return seed_ref[0], seed_ref[1], head_row
+
+
+def keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate, key_major=False):
+    """Keep mask (block_q, block_k) of the tile at rows q_start.., keys k_start.. ((block_k, block_q) if key_major);
+    None when dropout is off.
+
+    Index ((b*N + n)*S + s)*T + t in uint32 (wrapping as the reference's uint32 arange would). Drawn row-major (one
+    hash per two neighbouring keys) and transposed for key-major tiles: measured faster than one hash per score in
+    the key-major orientation (kernels-h200.md, Attention).
+    """
+    if drop is None:
+        return None
+    seed0, seed1, head_row = drop
+    rows = head_row + (q_start + jnp.arange(block_q, dtype=jnp.int32)).astype(jnp.uint32)
+    keep = keep_mask_tile(seed0, seed1, rows, k_start, block_k, t_len, rate)
+    return keep.T if key_major else keep
+
+
+def grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False, kb=None, cq=None):
+    """(dropped probabilities for dV, dS w.r.t. the natural-log scores) of one tile; FlashAttention-2 Alg. 2.
+
+    With D = keep / (1 - rate): O = (P*D) V, so dP = D * (dO V^T) and dS = P * (dP - rowsum(P * dP)), where
+    rowsum(P * dP) = rowsum(dO * O) = delta still holds with dropout. Tiles are (block_q, block_k), or with
+    `key_major` their transposes (Pd^T, dS^T) from k @ q^T and v @ dO^T (`keep` from `keep(..., key_major=True)`).
+    `kb` (per key) is added to the raw scores and `cq` (per query) to dO V^T: the q and v biases (module docstring).
+    """
+    if key_major:  # per-key values run down the rows, per-query values along them
+        s, dp = pltriton.dot(k, q, trans_b=True), pltriton.dot(v, do, trans_b=True)
+        code, lse, delta = code[:, None], lse[None, :], delta[None, :]
+        kb, cq = (None if kb is None else kb[:, None]), (None if cq is None else cq[None, :])
+    else:
+        s, dp = pltriton.dot(q, k, trans_b=True), pltriton.dot(do, v, trans_b=True)
+        code, lse, delta = code[None, :], lse[:, None], delta[:, None]
+        kb, cq = (None if kb is None else kb[None, :]), (None if cq is None else cq[:, None])
+    if kb is not None:
+        s = s + kb
+    if cq is not None:
+        dp = dp + cq
+    real = code > 0
+    p = jnp.exp2(jnp.where(real, s * qk_scale, jnp.where(code == 0, PADDED, 0.0)) - lse)  # as `scores`
+    pd = p
+    if keep is not None:
+        inv_keep = 1.0 / (1.0 - rate)
+        pd = jnp.where(keep, p * inv_keep, 0.0)
+        dp = jnp.where(keep, dp * inv_keep, 0.0)
+    # The reference's `where` passes no gradient to padded keys; only all-padded examples (code -1) have p != 0 there.
+    return pd, jnp.where(real, p * (dp - delta), 0.0)
+
+
+def dk_with_bias(dk, ds_sum, qb_ref):
+    """dK = sum_s dS_st (q_s + bq) = (dS^T Q)_t + colsum(dS)_t bq (before the score scale)."""
+    if qb_ref is None:
+        return dk
+    return dk + ds_sum[:, None] * qb_ref[...].astype(jnp.float32)[None, :]
+
+
+def accumulate_dkdv(dk, dv, pd, ds, q, do, *, key_major):
+    """dV += Pd^T dO and dK += dS^T Q for one tile from `grad_tile` (key-major tiles are the transposes already)."""
+    return (dk + pltriton.dot(ds.astype(q.dtype), q, trans_a=not key_major),
+            dv + pltriton.dot(pd.astype(do.dtype), do, trans_a=not key_major))
+
+
+def store_dkdv(refs, dk, dv):
+    """Write dK (already scaled) and dV: `refs` is (dk_ref, dv_ref), or (one block of the packed dQKV,) whose C = 1, 2
+    rows take them. Returns them as stored (rounded)."""
+    dk, dv = dk.astype(refs[0].dtype), dv.astype(refs[-1].dtype)
+    if len(refs) == 2:
+        refs[0][...] = dk
+        refs[1][...] = dv
+    else:
+        refs[0][:, 1, :] = dk
+        refs[0][:, 2, :] = dv
+    return dk, dv
+
+
+def colsum(x):
+    """Column sums (over the rows) of a stored gradient tile, in fp32: this block's share of the Q/K/V bias gradient
+    (`backward(bias_grad=True)`), summed from the values as written, so no pass re-reads dQKV for it.
+
+    16-bit tiles go through the matrix unit, ones (16, rows) @ x: every product is exact and accumulates in fp32, each
+    of the 16 result rows is the column sum, and `max` picks one within a warp. A plain sum over the rows reduces
+    across warps through shared memory, 7.6 us slower in the S=512 dK/dV kernel (kernels-h200.md, Attention)."""
+    if x.dtype == jnp.float32 or x.shape[0] < 16:
+        return jnp.sum(x.astype(jnp.float32), axis=0)
+    return jnp.max(pltriton.dot(jnp.ones((16, x.shape[0]), x.dtype), x), axis=0)
+
+# ---------------------------------------------------------------------------------------------- BlockSpecs
+
+def seed_spec(seed):
+    return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, n offset]
+
+
+def qkv_spec(packed: bool, c: int, rows: int, h: int, row_block):
+    """BlockSpec of q (c=0), k (1) or v (2): (rows, H) tiles of a (B, S, N, H) array, or of the C = c slice of a
+    packed (B, S, 3, N, H) one; grid (i, b, n) and the row block index `row_block(i)`."""
+    if packed:
+        return pl.BlockSpec((None, rows, None, None, h), lambda i, b_, n_: (b_, row_block(i), c, n_, 0))
+    return pl.BlockSpec((None, rows, None, h), lambda i, b_, n_: (b_, row_block(i), n_, 0))
+
+def bias_specs(bias):
+    """BlockSpecs of the q and v biases: the (H,) rows C = 0 and 2 of bias (3, N, H) at the program's head n (k's
+    bias is never read: see the module docstring); two Nones without a bias (Pallas drops None operands)."""
+    if bias is None:
+        return [None, None]
+    h = bias.shape[-1]
+    return [pl.BlockSpec((None, None, h), lambda i, b_, n_, c=c: (c, n_, 0)) for c in (0, 2)]
+
+
+def bias_args(bias, dtype):
+    """The q and v bias operands: the bias rounded to the activations' dtype first, as the layer's XLA add rounds it."""
+    return (None, None) if bias is None else (bias.astype(dtype),) * 2

@@ -1,0 +1,1 @@
+"""Tests of the fused operators, one file per operator, sharing `harness.py`."""
