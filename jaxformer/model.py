@@ -158,7 +158,7 @@ class MLMHead(nnx.Module):
 
     def cross_entropy(self, x, word_embeddings, labels):
         """x: (B, P, D), labels (B, P) -> float32 nll (B, P) and int32 argmax predictions (B, P), through the
-        `mlm_cross_entropy` row of `ops.TABLE` (pallas: fused kernels, no (B, P, V) logits). With the
+        `mlm_cross_entropy` operator of `jaxformer.ops` (pallas: fused kernels, no (B, P, V) logits). With the
         vocabulary split over `tensor` it stays on the logits (`__call__`): a vocabulary-parallel cross-entropy
         whose only communication is B*P numbers per reduction (Megatron), where chunks would gather the table."""
         cfg = self.config

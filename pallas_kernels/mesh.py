@@ -20,7 +20,9 @@ PIPELINE_AXIS = "pipeline"  # splits the layer stack into stages
 
 
 def _batch_axes(mesh) -> tuple[str, ...]:
-    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+    """The batch axes a kernel call is split over: not those a surrounding shard_map already made manual."""
+    manual = set(getattr(mesh, "manual_axes", ()) or ())
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and a not in manual and mesh.shape[a] > 1)
 
 
 def shard_counts(mesh, *, heads: bool = False) -> tuple[int, int]:

@@ -21,7 +21,9 @@ from pallas_kernels.bias_gelu import kernel_mgpu as bg
 
 def blocks(module, rows, width, rate, spec):
     """The module's default blocks at this shape and rate, with the fields named in `spec` replaced."""
-    base = module.default_blocks(rows, width, rate)
+    # bias+GELU's defaults depend on the GPU kind; BDRLN's do not
+    kw = {"kind": jax.devices()[0].device_kind} if module is bg else {}
+    base = module.default_blocks(rows, width, rate, **kw)
     kv = dict(item.split("=") for item in spec.split(",") if item)
     return dataclasses.replace(base, **{k: (bool(int(v)) if isinstance(getattr(base, k), bool) else int(v))
                                         for k, v in kv.items()})

@@ -1,7 +1,7 @@
 """BDRLN and bias+GELU forward+backward against a copy-bandwidth floor, by device time (a GPU).
 
 For each shape and dropout rate, the device time per call on rotated inputs of
-- the operator as shipped (`backend="auto"`, the default dispatch), and its XLA reference (the speed-up's
+- the operator as shipped (the registry's default choice), and its XLA reference (the speed-up's
   denominator), and
 - a *floor*: two XLA elementwise kernels reading and writing as many (R, D) bf16 arrays as the operator's forward
   and backward kernels, added as uint32 words (BDRLN: x, r -> y = x + r; x, r, y -> x + y, r + y, or x + r + y

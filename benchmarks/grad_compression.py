@@ -1,8 +1,8 @@
 """Compressed gradient exchange (jaxformer/compression): bytes per step, selection speed and quality, step time.
 
-    python -m benchmarks.compression --bytes              # any machine: compiles only (8 virtual CPU devices)
-    python -m benchmarks.compression --selection          # GPU: the three selections on BERT-large gradients
-    python -m benchmarks.compression --step --mesh data=2 # 2+ GPUs: dense vs compressed step time
+    python -m benchmarks.grad_compression --bytes              # any machine: compiles only (8 virtual CPU devices)
+    python -m benchmarks.grad_compression --selection          # GPU: the three selections on BERT-large gradients
+    python -m benchmarks.grad_compression --step --mesh data=2 # 2+ GPUs: dense vs compressed step time
 
 `--bytes` compiles the dense and the compressed train steps of each `--configs` model on `--mesh` (default data=8)
 from abstract inputs (nothing is allocated) and counts the bytes of every collective in the optimized HLO: payload
