@@ -17,6 +17,7 @@ import argparse
 import collections
 import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -124,7 +125,10 @@ def main():
 
 
 def git_commit() -> str:
-    """HEAD's hash, "+dirty" when the tree has uncommitted changes ("unknown" outside a git checkout)."""
+    """HEAD's hash, "+dirty" when the tree has uncommitted changes ("unknown" outside a git checkout);
+    $JAXFORMER_COMMIT names it where the tree was copied without its history (a remote GPU machine)."""
+    if os.environ.get("JAXFORMER_COMMIT"):
+        return os.environ["JAXFORMER_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
