@@ -283,6 +283,9 @@ def host_metrics(m: dict[str, Any]) -> dict[str, float]:
     out = {k: float(m[k]) for k in ("loss", "mlm_loss", "nsp_loss", "grad_norm", "lr")}
     out["mlm_acc"] = float(m["mlm_correct"]) / max(float(m["n_masked"]), 1.0)
     out["nsp_acc"] = float(m["nsp_correct"]) / max(float(m["n_seq"]), 1.0)
+    for k in ("compression_selected", "compression_overflowed"):  # compressed steps: entries, all devices summed
+        if k in m:
+            out[k] = int(m[k])
     return out
 
 

@@ -171,11 +171,14 @@ class CompressedSteps(Steps):
             updates, sparse_state = sparse_tx.update(grads, sparse_state, params)
             grad_norm = optax.tree.norm(updates)
             updates, opt_state = self.optimizer.update(updates, opt_state, params)
-            sums = jax.lax.psum(sums, axis)
+            # The exchange's counts of this step (entries selected, overflowed) ride on the losses' psum.
+            counts = jnp.sum(sparse_state.stats[..., :2].reshape(-1, 2), axis=0)
+            sums, counts = jax.lax.psum((sums, counts), axis)
             mlm_loss, nsp_loss = sums["mlm"] / jnp.maximum(n_masked, 1.0), sums["nsp"] / n_seq
             metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
                            mlm_correct=sums["mlm_correct"], n_masked=n_masked, nsp_correct=sums["nsp_correct"],
-                           n_seq=n_seq, grad_norm=grad_norm)
+                           n_seq=n_seq, grad_norm=grad_norm, compression_selected=counts[0],
+                           compression_overflowed=counts[1])
             return optax.apply_updates(params, updates), sparse_state, opt_state, metrics
 
         ranked = jax.tree.map(lambda x: P(axis) if x.ndim else P(), sparse_state)
