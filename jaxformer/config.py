@@ -267,6 +267,7 @@ COMPRESSION_SELECTIONS = ("exact", "sampled", "reused")  # compression.config.SE
 # TrainConfig field -> the CompressionConfig option it sets.
 COMPRESSION_FIELDS = {"density": "density", "compression_selection": "selection",
                       "compression_warmup_steps": "warmup_steps", "compression_min_size": "min_size"}
+COMPRESSION_FLAGS = ("grad_compression", *COMPRESSION_FIELDS)  # the fields the tools that build a step share
 DEFAULT_VOCAB_SIZE = 4096  # of a tokenizer trained on the corpus
 # jax.random.key takes 32 bits without x64 (2**32 would alias seed 0) and the dropout stream uses seed + 1.
 MAX_SEED = 2**31 - 1

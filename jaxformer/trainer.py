@@ -4,8 +4,9 @@
    checks of the flags against the run's run.json;
 2. `load_data`: the tokenizer and the MLM + NSP examples (`data.PretrainingData`), every data error before any
    model work;
-3. `build_state`: the model, its compiled steps on the device mesh (`steps.Steps`) and the `TrainState` (restored
-   from the newest checkpoint that verifies, with `--resume`);
+3. `build_state`: the model, its compiled steps on the device mesh (`steps.Steps`; with `--grad-compression`,
+   `compression.CompressedSteps`) and the `TrainState` (restored from the newest checkpoint that verifies, with
+   `--resume`);
 4. `loop.run`: the steps, metrics, evaluation, checkpoints and interrupts.
 
 A batch's path to the optimizer: `PretrainingData.train_batches` (numpy rows on the host) -> `Steps.place_batch`
@@ -26,7 +27,7 @@ from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
 from .data import DataConfig, PretrainingData, builtin_corpus, load_or_train_tokenizer, resolve_paths
 from .loop import Interrupted, TrainingStopped
 from .outputs import CheckpointError, Checkpointer, truncate_metrics
-from .compression import CompressedSteps
+from .compression import make_steps
 from .steps import Steps, TrainState, build_model
 
 __all__ = ["Interrupted", "TrainingStopped", "build_state", "load_data", "train"]
@@ -158,11 +159,7 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
     mesh = sharding.make_mesh(mesh_cfg)
     model = build_model(cfg, tc.seed)
     scheduled = dataclasses.replace(tc, steps=pieces[0][1])  # the schedule's total, whatever --steps stops at
-    compression = tc.compression_config()
-    if compression is None:
-        steps = Steps(model, run.optimizer(scheduled, pieces), scheduled, mesh)
-    else:  # the data axis's gradient all-reduce replaced by the sparse exchange (jaxformer/compression)
-        steps = CompressedSteps(model, run.optimizer(scheduled, pieces), scheduled, mesh, compression)
+    steps = make_steps(model, run.optimizer(scheduled, pieces), scheduled, mesh)  # compressed: jaxformer/compression
     if len(pieces) > 1:
         steps.schedule = run.schedule(scheduled, pieces)  # the rate the metrics report
     state = steps.place(steps.init_state(model, tc.seed))  # the model's arrays now live (sharded) in `state`
@@ -175,8 +172,8 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
         f"kernels={steps.resolved_kernels(cfg.kernels)}) on "
         f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
         f"lr {tc.peak_lr}, batch {tc.batch_size}"
-        + ("" if compression is None else f"; gradients over data: {compression.exchange} top-k exchange at density "
-           f"{compression.density}"))
+        + ("" if tc.grad_compression == "none" else f"; gradients over data: {tc.grad_compression}, density "
+           f"{tc.density}"))
     return steps, state, start
 
 

@@ -194,3 +194,20 @@ class CompressedSteps(Steps):
                          bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step))
         metrics.update(lr=self.schedule(state.step), bad_step=new.bad_step)
         return new, metrics
+
+
+def make_steps(model: BertForPreTraining, optimizer: optax.GradientTransformation, tc: TrainConfig, mesh) -> Steps:
+    """The steps `tc` asks for: `CompressedSteps` with its `grad_compression` (`tc.compression_config()`), else the
+    dense `Steps` (the trainer's, benchmarks/train_step.py's and jaxformer.hlo_report's choice)."""
+    compression = tc.compression_config()
+    if compression is None:
+        return Steps(model, optimizer, tc, mesh)
+    return CompressedSteps(model, optimizer, tc, mesh, compression)
+
+
+def steady_train_step(steps: Steps) -> _Traced:
+    """The train step after any density warm-up (the one to compile from abstract shapes: `_Levels` reads the step
+    count of a concrete state)."""
+    train = steps.train_step
+    return train.at(steps.compression.warmup_steps) if isinstance(train, _Levels) else train
+
