@@ -23,11 +23,11 @@ from typing import Any, Callable
 import jax
 
 from . import distributed, loop, run, sharding
+from .compression import make_steps
 from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
 from .data import DataConfig, PretrainingData, builtin_corpus, load_or_train_tokenizer, resolve_paths
 from .loop import Interrupted, TrainingStopped
 from .outputs import CheckpointError, Checkpointer, truncate_metrics
-from .compression import make_steps
 from .steps import Steps, TrainState, build_model
 
 __all__ = ["Interrupted", "TrainingStopped", "build_state", "load_data", "train"]
