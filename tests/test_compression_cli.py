@@ -96,9 +96,11 @@ def test_a_compressed_run_resumes_exactly(corpus, compressed, tmp_path, monkeypa
         m.setattr(loop, "_stop_agreed", lambda requested, s, tc: s == 4)
         assert cli.main(args(corpus, out, *COMPRESSED)) == 130
     assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2, 3, 4]
-    assert cli.main(["--out", str(out), "--resume"]) == 0
+    assert cli.main(["--out", str(out), "--resume", "--dump-hlo"]) == 0
     assert records(out) == records(compressed)
     assert final_checksum(out, 6) == final_checksum(compressed, 6)
+    hlo = (out / "train_step.hlo.txt").read_text()  # --dump-hlo: the compressed step
+    assert "all-to-all" in hlo and "all-gather" in hlo
 
 
 def test_resume_refuses_what_the_compressed_state_cannot_follow(corpus, compressed, tmp_path, capsys):
