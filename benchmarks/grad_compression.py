@@ -3,6 +3,7 @@
     python -m benchmarks.grad_compression --bytes              # any machine: compiles only (8 virtual CPU devices)
     python -m benchmarks.grad_compression --selection          # GPU: the three selections on BERT-large gradients
     python -m benchmarks.grad_compression --step --mesh data=2 # 2+ GPUs: dense vs compressed step time
+    python -m benchmarks.grad_compression --convergence RUN ... --plot loss.png   # train.py runs, the first one dense
 
 `--bytes` compiles the dense and the compressed train steps of each `--configs` model on `--mesh` (default data=8)
 from abstract inputs (nothing is allocated) and counts the bytes of every collective in the optimized HLO: payload
@@ -18,6 +19,10 @@ Quality: the fraction of each row's true top-k that the method chose (recall) an
 `--step` times the dense and the compressed train steps (ms/step, median of `--repeats` runs of `--steps`) and, on
 the compressed step's gradient shapes, the selection alone, the whole transform (selection, packing, exchange,
 residual) and a dense all-reduce of the same gradients: the cost of compression itself.
+
+`--convergence` reads train.py output directories (run.json, metrics.jsonl) and prints, per run, the final train
+loss (the mean of the last `--last` logged steps: one batch's loss is noisy), the final eval MLM loss and accuracy
+and their differences from the first run's; `--plot` draws their train and eval MLM losses in one PNG.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import re
 import statistics
 import sys
 import time
+from pathlib import Path
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run as a script: this file would shadow the `compression` module JAX imports (Python 3.14)
@@ -40,6 +46,7 @@ import jax  # noqa: E402
 from jaxformer.compression import CompressedSteps, CompressionConfig, EXCHANGES, SELECTIONS  # noqa: E402
 from jaxformer.config import TrainConfig  # noqa: E402
 from jaxformer.hlo_analysis import analyze, nbytes, parse_module  # noqa: E402
+from jaxformer.outputs import read_metrics  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- bytes
@@ -140,6 +147,56 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['wire_mb']:.2f} | {ratio(dense[r['config']]['wire_mb'] / r['wire_mb'])} | "
                      f"{ratio(ideal / r['wire_mb'])} |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- convergence
+def _run_metrics(out: str) -> dict:
+    tc = json.loads((Path(out) / "run.json").read_text())["train_config"]
+    label = "dense" if tc.get("grad_compression", "none") == "none" else \
+        f"{tc['grad_compression']} {tc['density']:g}"
+    records = read_metrics(Path(out) / "metrics.jsonl")
+    return dict(label=label, train=[r for r in records if "loss" in r],
+                evals=[r for r in records if "eval_mlm_loss" in r])
+
+
+def convergence_table(runs: list[dict], last: int) -> str:
+    """Final train loss (mean of the last `last` records), eval MLM loss and accuracy; differences to runs[0]."""
+    finals = [dict(train=statistics.fmean(r["loss"] for r in run["train"][-last:]), eval=run["evals"][-1])
+              for run in runs]
+    base = finals[0]
+    lines = ["| run | steps | final train loss | vs first | eval MLM loss | vs first | eval MLM acc | vs first |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run, f in zip(runs, finals):
+        ev = f["eval"]
+        rel = lambda x, y: f"{100 * (x - y) / y:+.2f}%"  # noqa: E731
+        lines.append(f"| {run['label']} | {run['train'][-1]['step']} | {f['train']:.4f} | "
+                     f"{rel(f['train'], base['train'])} | {ev['eval_mlm_loss']:.4f} | "
+                     f"{rel(ev['eval_mlm_loss'], base['eval']['eval_mlm_loss'])} | {ev['eval_mlm_acc']:.4f} | "
+                     f"{rel(ev['eval_mlm_acc'], base['eval']['eval_mlm_acc'])} |")
+    return "\n".join(lines)
+
+
+def plot_convergence(runs: list[dict], png: str, last: int) -> None:
+    """Train loss (moving mean over `last` records) and eval MLM loss of each run against step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (ax, ax_eval) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in runs:
+        steps, loss = np.array([r["step"] for r in run["train"]]), np.array([r["loss"] for r in run["train"]])
+        w = min(last, len(loss))
+        ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), label=run["label"])
+        ax_eval.plot([r["step"] for r in run["evals"]], [r["eval_mlm_loss"] for r in run["evals"]], "o-",
+                     label=run["label"])
+    ax.set(xlabel="step", ylabel=f"train loss (MLM + NSP, mean of {last} logged steps)", title="training")
+    ax_eval.set(xlabel="step", ylabel="eval MLM loss", title="held-out MLM loss")
+    for a in (ax, ax_eval):
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 def _leaves(model, mesh=None):
@@ -320,6 +377,9 @@ def main(argv=None):
     what.add_argument("--bytes", action="store_true")
     what.add_argument("--selection", action="store_true")
     what.add_argument("--step", action="store_true")
+    what.add_argument("--convergence", nargs="+", metavar="RUN", help="train.py output directories, dense first")
+    ap.add_argument("--plot", metavar="PNG", default=None, help="--convergence: write the loss curves here")
+    ap.add_argument("--last", type=int, default=5, help="--convergence: logged steps in the final train loss")
     ap.add_argument("--configs", nargs="+", default=["base", "large"], help="--bytes: the models")
     ap.add_argument("--config", default="large", help="--selection / --step: the model")
     ap.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001],
@@ -338,7 +398,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
-    if a.bytes:  # compiles only: on 8 virtual CPU devices wherever it runs
+    if a.convergence:
+        runs = [_run_metrics(d) for d in a.convergence]
+        print(convergence_table(runs, a.last))
+        if a.plot:
+            plot_convergence(runs, a.plot, a.last)
+    elif a.bytes:  # compiles only: on 8 virtual CPU devices wherever it runs
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", 8)
         a.mesh, a.seq_len, a.batch_size = a.mesh or "data=8", a.seq_len or 32, a.batch_size or 8

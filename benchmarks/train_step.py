@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python benchmarks/train_step.py --config large --seq-len 128 --batch-size 64
     PYTHONPATH=. python benchmarks/train_step.py --config large --batch-size 128 --mesh data=2   # on 2 GPUs
+    PYTHONPATH=. python benchmarks/train_step.py --config large --batch-size 128 --mesh data=2 --kernels xla \
+        --grad-compression topk-balanced --density 0.01   # compressed gradient exchange (train.py's flags)
 
 Times `--steps` back-to-back steps after `--warmup` (the steps chain through the donated state, so the device
 never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory
@@ -27,11 +29,13 @@ from pathlib import Path
 import jax
 
 from jaxformer import sharding
-from jaxformer.config import XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
+from jaxformer.cli import add_flags
+from jaxformer.compression import make_steps
+from jaxformer.config import COMPRESSION_FLAGS, XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
 from jaxformer.data import synthetic_batch
 from jaxformer.hlo_analysis import analyze
 from jaxformer.plan.workload import hlo_counts
-from jaxformer.steps import Steps, build_model, make_optimizer
+from jaxformer.steps import build_model, make_optimizer
 
 RUNS = "benchmarks/results/runs.jsonl"
 
@@ -70,16 +74,20 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    add_flags(ap, TrainConfig, only=COMPRESSION_FLAGS)  # train.py's --grad-compression, --density, ...
     a = ap.parse_args()
+    if a.grad_compression != "none" and not a.mesh:
+        ap.error(f"--grad-compression {a.grad_compression} needs --mesh with data > 1 (e.g. --mesh data=2)")
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
                      dropout=a.dropout, remat=a.remat, scan_layers=a.scan_layers, steps=1000, warmup_steps=10,
                      mesh=a.mesh or "data=-1",
                      microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
-                     sequence_parallel=a.sequence_parallel, xla_opt_level=a.xla_opt_level, xla_gemm=a.xla_gemm)
+                     sequence_parallel=a.sequence_parallel, xla_opt_level=a.xla_opt_level, xla_gemm=a.xla_gemm,
+                     **{f: getattr(a, f) for f in COMPRESSION_FLAGS})
     cfg = tc.model_config(30522)
     mesh = sharding.make_mesh(sharding.validate(tc.mesh, cfg, tc)) if a.mesh else None
     model = build_model(cfg, 0)
-    steps = Steps(model, make_optimizer(tc), tc, mesh)
+    steps = make_steps(model, make_optimizer(tc), tc, mesh)
     state = steps.place(steps.init_state(model, 0))
     del model
     p = max(1, round(0.15 * a.seq_len))
@@ -114,6 +122,7 @@ def main():
                   devices=mesh.size if mesh else 1, microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
                   dropout=cfg.hidden_dropout_prob, remat=a.remat, scan_layers=a.scan_layers,
                   sequence_parallel=a.sequence_parallel,
+                  **({f: getattr(a, f) for f in COMPRESSION_FLAGS} if a.grad_compression != "none" else {}),
                   opt_level=steps.optimization_level(), compiler_options=steps.compiler_options(),
                   collectives=collectives,
                   ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,

@@ -27,6 +27,7 @@ GROUPS = {
     "run": "run: outputs, evaluation, checkpoints, logging",
     "mesh": "mesh and distributed",
     "performance": "performance",
+    "compression": "gradient compression (docs/compression.md)",
 }
 
 # docs/cli.md holds the generated tables between these two lines.

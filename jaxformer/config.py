@@ -261,6 +261,13 @@ DEFAULT_LR = {"tiny": 2e-3, "mini": 1e-3, "base": 1e-4, "large": 1e-4}
 XLA_OPT_LEVELS = ("auto", "default", "O0", "O1", "O2", "O3")
 XLA_GEMMS = ("auto", "xla", "cublas")  # TrainConfig.xla_gemm (steps.Steps.compiler_options)
 TRAIN_DTYPES = ("bfloat16", "float32", "float16")  # float64 would need jax_enable_x64 and run in float32 without it
+# TrainConfig.grad_compression -> CompressionConfig.exchange (None: the dense all-reduce).
+GRAD_COMPRESSIONS = {"none": None, "topk-allgather": "allgather", "topk-balanced": "balanced"}
+COMPRESSION_SELECTIONS = ("exact", "sampled", "reused")  # compression.config.SELECTIONS (that package imports this one)
+# TrainConfig field -> the CompressionConfig option it sets.
+COMPRESSION_FIELDS = {"density": "density", "compression_selection": "selection",
+                      "compression_warmup_steps": "warmup_steps", "compression_min_size": "min_size"}
+COMPRESSION_FLAGS = ("grad_compression", *COMPRESSION_FIELDS)  # the fields the tools that build a step share
 DEFAULT_VOCAB_SIZE = 4096  # of a tokenizer trained on the corpus
 # jax.random.key takes 32 bits without x64 (2**32 would alias seed 0) and the dropout stream uses seed + 1.
 MAX_SEED = 2**31 - 1
@@ -375,6 +382,25 @@ class TrainConfig:
                          "cuBLAS), cublas (XLA's Triton GEMMs off); auto: cublas on one device (measured faster "
                          "with the kernels, equal without), xla on a mesh of several devices", choices=XLA_GEMMS)
 
+    # -- gradient compression (over the data axis; jaxformer/compression, docs/compression.md). On or off is fixed
+    # for a run and so are `compression_min_size` and the mesh while it is on (the optimizer state's shapes follow
+    # them: run.check_compression); the rest may change across a resume.
+    grad_compression: str = flag("none", "compression", "exchange each data rank's largest gradient entries instead "
+                                 "of all-reducing every gradient over the data axis (error feedback keeps the rest): "
+                                 "topk-balanced = Ok-Topk's balanced sparse all-reduce, topk-allgather = every rank "
+                                 "gathers every rank's entries; needs a data axis > 1; on or off is fixed for a run",
+                                 choices=tuple(GRAD_COMPRESSIONS))
+    density: float = flag(0.01, "compression", "fraction of each gradient tensor's entries a rank sends per step, "
+                          "in (0, 1]")
+    compression_selection: str = flag("exact", "compression", "how the top-k threshold is found: exact (lax.top_k), "
+                                      "sampled (a random sample's, DGC), reused (last step's, adapted; Ok-Topk)",
+                                      choices=COMPRESSION_SELECTIONS)
+    compression_warmup_steps: int = flag(0, "compression", "density warm-up (DGC): steps from density 0.25, "
+                                         "quartered level by level, down to --density (each level compiles its "
+                                         "own step)")
+    compression_min_size: int = flag(16384, "compression", "tensors (per layer for the encoder's) with fewer entries "
+                                     "than this are sent whole; fixed for a run with compression")
+
     def __post_init__(self):
         if isinstance(self.data, (list, str)):
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str) else tuple(self.data))
@@ -420,6 +446,9 @@ class TrainConfig:
                 raise ValueError(f"profile_steps={a}:{b} must satisfy 0 <= A < B")
         from .distributed import check_fields  # each value alone; completeness (with the env) at train start
         check_fields(self.coordinator, self.num_processes, self.process_id)
+        if self.grad_compression not in GRAD_COMPRESSIONS:
+            raise ValueError(f"grad_compression={self.grad_compression!r} must be one of {tuple(GRAD_COMPRESSIONS)}")
+        self.compression_config()  # every option, compression on or off; the mesh: sharding.validate
         # Model-side values are validated by BertConfig itself (before anything is compiled).
         self.model_config(vocab_size=self.vocab_size or DEFAULT_VOCAB_SIZE)
 
@@ -427,6 +456,22 @@ class TrainConfig:
     def peak_lr(self) -> float:
         """`lr`, or the preset's default: small models tolerate (and need) larger steps than post-LN BERT-base."""
         return self.lr if self.lr is not None else DEFAULT_LR.get(self.config, 1e-4)
+
+    def compression_config(self):
+        """The `jaxformer.compression.CompressionConfig` of this run, or None without `grad_compression`. Its
+        options are checked either way (ValueError naming this config's field and the value)."""
+        from .compression.config import CompressionConfig  # the module alone: the package imports the steps
+        exchange = GRAD_COMPRESSIONS[self.grad_compression]
+        options = {}
+        for field, option in COMPRESSION_FIELDS.items():
+            value = getattr(self, field)
+            try:
+                CompressionConfig(**{option: value})
+            except ValueError as e:  # its message starts "<option>=<value>": name this config's field instead
+                raise ValueError(f"{field}={str(e)[len(option) + 1:]}") from None
+            options[option] = value
+        config = CompressionConfig(exchange=exchange or "balanced", seed=self.seed, **options)
+        return config if exchange is not None else None
 
     def model_config(self, vocab_size: int) -> BertConfig:
         """The BertConfig of this run: the preset with the tokenizer's vocab size and the overrides."""

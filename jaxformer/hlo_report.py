@@ -2,6 +2,7 @@
 
     python -m jaxformer.hlo_report --config tiny [--kernels pallas] [--forward-only] [--json] [--dump DIR]
     python -m jaxformer.hlo_report --config base --compare xla pallas
+    python -m jaxformer.hlo_report --config base --mesh data=8 --grad-compression topk-balanced --density 0.01
 
 Compiles the step from abstract shapes (no model-sized allocation), then `jaxformer.hlo_analysis.analyze` puts every
 operator XLA launches into Ivanov et al.'s classes with its flop and bytes; this module formats the tables, the
@@ -17,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from .config import COMPRESSION_FLAGS
 from .data import synthetic_batch
 from .hlo_analysis import (  # noqa: F401  (COLLECTIVES, analyze, Report are this module's public names too)
     COLLECTIVES, Report, analyze, CLASSES, shapes)
@@ -29,8 +31,9 @@ def compiled_hlo(tc, forward_only: bool = False, mesh=None) -> str:
     import jax
     from flax import nnx
 
+    from .compression import make_steps, steady_train_step
     from .model import BertForPreTraining
-    from .steps import Steps, make_optimizer
+    from .steps import make_optimizer
 
     cfg = tc.model_config(30522)
     make = lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(params=0, dropout=1))  # noqa: E731
@@ -49,9 +52,9 @@ def compiled_hlo(tc, forward_only: bool = False, mesh=None) -> str:
         fwd = jax.jit(forward, in_shardings=(sharding.param_shardings(params, mesh), sharding.batch_sharding(mesh)))
         with jax.set_mesh(mesh):
             return fwd.lower(nnx.to_pure_dict(params), batch).compile().as_text()
-    steps = Steps(model, make_optimizer(tc), tc, mesh)
+    steps = make_steps(model, make_optimizer(tc), tc, mesh)
     state = jax.eval_shape(lambda: steps.init_state(make(), 0))
-    return steps.train_step.compile(state, batch).as_text()
+    return steady_train_step(steps).compile(state, batch).as_text()
 
 
 def _mesh(text: str, tc):
@@ -104,12 +107,13 @@ def profiled_report(tc, steps: int, mesh=None) -> tuple[Report, str]:
     """The report of `tc`'s train step with measured device time per operator (`jaxformer.hlo_profile`): builds the
     model for real (this needs the memory of a training run) and runs `steps` profiled steps on a synthetic batch.
     With a `mesh`, the sharded step; times are per device (averaged over the devices' traces)."""
+    from .compression import make_steps
     from .hlo_profile import profile_compiled
-    from .steps import Steps, build_model, make_optimizer
+    from .steps import build_model, make_optimizer
 
     cfg = tc.model_config(30522)
     model = build_model(cfg, 0)
-    st = Steps(model, make_optimizer(tc), tc, mesh)
+    st = make_steps(model, make_optimizer(tc), tc, mesh)
     state = st.place(st.init_state(model, 0))
     del model
     batch = st.place_batch(synthetic_batch(cfg.vocab_size, tc.batch_size, tc.seq_len, max(1, round(0.15 * tc.seq_len))))
@@ -154,7 +158,7 @@ def compare_report(a: str, ra: Report, b: str, rb: Report) -> str:
 
 # train.py's flags that shape the compiled step, with their help from TrainConfig (defaults: a small step).
 SHARED_FLAGS = ("config", "seq_len", "batch_size", "kernels", "dtype", "remat", "scan_layers", "layouts",
-                "microbatches", "pipeline_repeats")
+                "microbatches", "pipeline_repeats") + COMPRESSION_FLAGS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -199,10 +203,14 @@ def main(argv=None) -> int:
         configs = [TrainConfig(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, kernels=k,
                                dtype=args.dtype, remat=args.remat, layouts=args.layouts, scan_layers=args.scan_layers,
                                microbatches=args.microbatches, pipeline_repeats=args.pipeline_repeats,
+                               **{f: getattr(args, f) for f in COMPRESSION_FLAGS},
                                **({"mesh": args.mesh} if args.mesh else {})) for k in kernels]
+        if args.grad_compression != "none" and not (args.mesh or args.hlo or args.forward_only):
+            raise ValueError(f"grad_compression={args.grad_compression!r} compresses the gradient exchange over the "
+                             "data axis: give --mesh with data > 1 (e.g. --mesh data=2)")
         mesh = _mesh(args.mesh, configs[0]) if args.mesh and not args.hlo else None
     except ValueError as e:  # TrainConfig's validation names the field: say the flag instead
-        msg = re.sub(r"\b(seq_len|batch_size|dtype|remat|kernels|layouts)\b",
+        msg = re.sub(r"\b(seq_len|batch_size|dtype|remat|kernels|layouts|grad_compression|density|compression_\w+)\b",
                      lambda m: "--" + m.group(1).replace("_", "-"), str(e), count=1)
         print(f"hlo_report: error: {msg}", file=sys.stderr)
         return 2
@@ -232,7 +240,9 @@ def main(argv=None) -> int:
             reports[k].notes.append("Pallas kernels ran in interpret mode (no GPU): each grid is a while loop of "
                                     "per-block slices and updates, so their bytes and counts are not the GPU's")
     setup = dict(config=args.config, seq_len=args.seq_len, batch_size=args.batch_size, dtype=args.dtype,
-                 remat=args.remat, forward_only=args.forward_only, **({"mesh": args.mesh} if args.mesh else {}))
+                 remat=args.remat, forward_only=args.forward_only, **({"mesh": args.mesh} if args.mesh else {}),
+                 **({"grad_compression": args.grad_compression, "density": args.density}
+                    if args.grad_compression != "none" and not args.forward_only else {}))
     if args.json:
         if args.compare:
             print(json.dumps(dict(setup, compare={k: r.to_json(args.top) for k, r in reports.items()})))

@@ -29,7 +29,7 @@ import optax
 
 from . import __version__, distributed
 from .cli import fields_by_resume
-from .config import DEFAULT_VOCAB_SIZE, BertConfig, TrainConfig
+from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
 from .outputs import CheckpointError
 
 RUN_FILE = "run.json"
@@ -163,13 +163,14 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def new_record(tc: TrainConfig, cfg: BertConfig, tokenizer: Path, corpus: list[Path]) -> dict[str, Any]:
-    """run.json of a new run: `tc` as `resolved`, the model config and one schedule piece (0, steps). (Only process
-    0 writes it, and only its copy of the tokenizer file is sure to be there.)"""
+def new_record(tc: TrainConfig, cfg: BertConfig, tokenizer: Path, corpus: list[Path],
+               mesh: MeshConfig | None = None) -> dict[str, Any]:
+    """run.json of a new run: `tc` as `resolved`, the model config, the resolved `mesh` and one schedule piece
+    (0, steps). (Only process 0 writes it, and only its copy of the tokenizer file is sure to be there.)"""
     return dict(jaxformer_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
                 train_config=as_json(dataclasses.asdict(tc)), model_config=cfg.to_dict(),
                 tokenizer_sha256=file_digest(tokenizer) if distributed.is_main() else None, corpus=_sizes(corpus),
-                schedule=[[0, tc.steps]])
+                schedule=[[0, tc.steps]], **({"mesh": mesh.spec()} if mesh is not None else {}))
 
 
 def _sizes(files: list[Path]) -> list[list]:
@@ -211,11 +212,14 @@ def resumed_config(given: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**fields)
 
 
-def check_resume(tc: TrainConfig, record: dict[str, Any], out: Path, log: Callable = print) -> None:
-    """Refuse (CheckpointError) a change of a field that defines the run, naming the stored and given values; log
-    the fields that change only how it runs."""
+def check_resume(tc: TrainConfig, record: dict[str, Any], out: Path, log: Callable = print,
+                 mesh: MeshConfig | None = None) -> None:
+    """Refuse (CheckpointError) a change of a field that defines the run, naming the stored and given values (and,
+    with gradient compression, of what shapes its state: `compression_changes`, on the resolved `mesh`); log the
+    fields that change only how it runs."""
     stored, now = record["train_config"], as_json(dataclasses.asdict(resolved(tc)))
     fixed = [f"{k}: the run has {stored.get(k)!r}, given {now[k]!r}" for k in FIXED if stored.get(k) != now[k]]
+    fixed += compression_changes(record, tc, mesh)
     if fixed:
         raise CheckpointError(f"--resume: these settings define the run in {out} and cannot change: "
                               + "; ".join(fixed) + ". Leave them out to keep the run's, or start a new run "
@@ -227,12 +231,35 @@ def check_resume(tc: TrainConfig, record: dict[str, Any], out: Path, log: Callab
         log(f"resume: the run was started by jaxformer {record.get('jaxformer_version')}, this is {__version__}")
 
 
-def resumed_record(record: dict[str, Any], tc: TrainConfig, pieces: list[list[int]]) -> dict[str, Any]:
-    """run.json once the run resumes as `tc`: the execution settings ("kept" fields) as now, so that a plain
-    `--resume` goes on with them, and the schedule's `pieces` (steps: their total)."""
+def resumed_record(record: dict[str, Any], tc: TrainConfig, pieces: list[list[int]],
+                   mesh: MeshConfig | None = None) -> dict[str, Any]:
+    """run.json once the run resumes as `tc` on `mesh`: the execution settings ("kept" fields) and the mesh as now,
+    so that a plain `--resume` goes on with them, and the schedule's `pieces` (steps: their total)."""
     now = as_json(dataclasses.asdict(resolved(tc)))
     config = dict(record["train_config"], **{k: now[k] for k in KEPT}, steps=pieces[-1][1])
-    return dict(record, train_config=config, schedule=pieces)
+    return dict(record, train_config=config, schedule=pieces, **({"mesh": mesh.spec()} if mesh is not None else {}))
+
+
+def compression_changes(record: dict[str, Any], tc: TrainConfig, mesh: MeshConfig | None) -> list[str]:
+    """What `tc` on the resolved `mesh` changes of the run's gradient compression that its checkpoints cannot
+    follow: turning it on or off (the optimizer state gains or loses the exchange's state) and, while it is on,
+    `compression_min_size` or the mesh (the residuals have one entry per data rank, the exchange's per-device arrays
+    one per device, sized by the local shards). Density, exchange, selection and warm-up may change."""
+    stored = record["train_config"]
+    before, now = stored.get("grad_compression", "none"), tc.grad_compression
+    if (before == "none") != (now == "none"):
+        return [f"grad_compression: the run has {before!r}, given {now!r} (compression on or off is fixed for a "
+                "run; topk-allgather and topk-balanced may replace each other)"]
+    if now == "none":
+        return []
+    changes = []
+    if stored.get("compression_min_size") != tc.compression_min_size:
+        changes.append(f"compression_min_size: the run has {stored.get('compression_min_size')!r}, given "
+                       f"{tc.compression_min_size!r}")
+    if mesh is not None and record.get("mesh") != mesh.spec():
+        changes.append(f"mesh: the run has {record.get('mesh')!r}, given {tc.mesh!r} which resolves to "
+                       f"{mesh.spec()!r} (fixed while grad_compression is on)")
+    return changes
 
 
 def check_inputs(record: dict[str, Any], corpus: list[Path], tokenizer: Path) -> None:

@@ -94,7 +94,7 @@ def validate(mesh: MeshConfig | str, model: BertConfig, tc: TrainConfig, n_devic
 
     Raises ValueError naming the field and the value: mesh size vs device count, unknown axes, heads, feed-forward
     width and padded vocabulary vs `tensor`, hidden size vs `fsdp`, layers vs pipeline stages, batch vs
-    data * fsdp * microbatches.
+    data * fsdp * microbatches, gradient compression vs a data axis of one device.
     """
     n_devices = jax.device_count() if n_devices is None else n_devices
     m = (MeshConfig.parse(mesh) if isinstance(mesh, str) else mesh).resolve(n_devices)
@@ -125,6 +125,12 @@ def validate(mesh: MeshConfig | str, model: BertConfig, tc: TrainConfig, n_devic
                              "(and heads); use kernels='auto' or 'xla' (auto runs xla there)")
     # The schedule's own rules (e.g. the circular schedule needs microbatches >= stages).
     Pipeline(stages=m.pipeline, microbatches=tc.microbatches, repeats=tc.pipeline_repeats)
+    compression = tc.compression_config()
+    if compression is not None:  # it replaces the data axis's all-reduce: that axis needs two or more devices
+        try:
+            compression.check_mesh(m)
+        except ValueError as e:
+            raise ValueError(f"grad_compression={tc.grad_compression!r}: {e}") from None
     return m
 
 

@@ -199,9 +199,13 @@ class Steps:
             return jax.device_put(state, self.state_shardings)
         # Several processes: each built the same state (same seed, same program) on its own first device; every
         # process fills its devices' shards from its host copy (device_put would compare the copies across processes).
-        host = jax.device_get(state)
-        return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
-                            host, self.state_shardings)
+        # Arrays created in their sharding already (CompressedSteps' per-rank state) stay as they are.
+        def put(x, s):
+            if isinstance(x, jax.Array) and x.sharding == s:
+                return x
+            host = jax.device_get(x)
+            return jax.make_array_from_callback(host.shape, s, lambda i: host[i])
+        return jax.tree.map(put, state, self.state_shardings)
 
     def local_rows(self, batch):
         """This process's rows (block `batch_block`) of a global host batch."""
@@ -283,6 +287,9 @@ def host_metrics(m: dict[str, Any]) -> dict[str, float]:
     out = {k: float(m[k]) for k in ("loss", "mlm_loss", "nsp_loss", "grad_norm", "lr")}
     out["mlm_acc"] = float(m["mlm_correct"]) / max(float(m["n_masked"]), 1.0)
     out["nsp_acc"] = float(m["nsp_correct"]) / max(float(m["n_seq"]), 1.0)
+    for k in ("compression_selected", "compression_overflowed"):  # compressed steps: entries, all devices summed
+        if k in m:
+            out[k] = int(m[k])
     return out
 
 

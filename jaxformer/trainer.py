@@ -4,8 +4,9 @@
    checks of the flags against the run's run.json;
 2. `load_data`: the tokenizer and the MLM + NSP examples (`data.PretrainingData`), every data error before any
    model work;
-3. `build_state`: the model, its compiled steps on the device mesh (`steps.Steps`) and the `TrainState` (restored
-   from the newest checkpoint that verifies, with `--resume`);
+3. `build_state`: the model, its compiled steps on the device mesh (`steps.Steps`; with `--grad-compression`,
+   `compression.CompressedSteps`) and the `TrainState` (restored from the newest checkpoint that verifies, with
+   `--resume`);
 4. `loop.run`: the steps, metrics, evaluation, checkpoints and interrupts.
 
 A batch's path to the optimizer: `PretrainingData.train_batches` (numpy rows on the host) -> `Steps.place_batch`
@@ -22,6 +23,7 @@ from typing import Any, Callable
 import jax
 
 from . import distributed, loop, run, sharding
+from .compression import make_steps
 from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
 from .data import DataConfig, PretrainingData, builtin_corpus, load_or_train_tokenizer, resolve_paths
 from .loop import Interrupted, TrainingStopped
@@ -46,12 +48,12 @@ def train(tc: TrainConfig, log: Callable = print) -> dict[str, Any]:
         if not distributed.is_main():
             log = _quiet  # process 0 speaks for the run
         # The mesh checks first (again below with the tokenizer's vocabulary): a bad --mesh fails before data work.
-        _check_mesh(tc, tc.model_config(tc.vocab_size or DEFAULT_VOCAB_SIZE))
+        mesh_cfg = _check_mesh(tc, tc.model_config(tc.vocab_size or DEFAULT_VOCAB_SIZE))
         record = None
         if tc.resume:
             path = run.resume_dir(tc.out)
             record = run.read_record(path)
-            run.check_resume(tc, record, path, log)
+            run.check_resume(tc, record, path, log, mesh_cfg)
         output = run.prepare(tc)
         try:
             return _train(tc, output.path, record, interrupts, log)
@@ -91,7 +93,7 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
         cfg = tc.model_config(data.vocab_size)
         mesh_cfg = _check_mesh(tc, cfg)
         if record is None:
-            record = run.new_record(tc, cfg, out / "tokenizer.json", corpus)
+            record = run.new_record(tc, cfg, out / "tokenizer.json", corpus, mesh_cfg)
             run.write_record(out, record)
             pieces = record["schedule"]
         else:
@@ -101,7 +103,7 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
                     "learning rate goes on from its value there down to 0 (docs/training.md)")
         steps, state, start = build_state(cfg, mesh_cfg, tc, ckpt if tc.resume else None, pieces, log)
         if tc.resume:
-            run.write_record(out, run.resumed_record(record, tc, pieces))
+            run.write_record(out, run.resumed_record(record, tc, pieces, mesh_cfg))
             if distributed.is_main():
                 dropped = truncate_metrics(out / "metrics.jsonl", start)
                 if dropped:
@@ -157,7 +159,7 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
     mesh = sharding.make_mesh(mesh_cfg)
     model = build_model(cfg, tc.seed)
     scheduled = dataclasses.replace(tc, steps=pieces[0][1])  # the schedule's total, whatever --steps stops at
-    steps = Steps(model, run.optimizer(scheduled, pieces), scheduled, mesh)
+    steps = make_steps(model, run.optimizer(scheduled, pieces), scheduled, mesh)  # compressed: jaxformer/compression
     if len(pieces) > 1:
         steps.schedule = run.schedule(scheduled, pieces)  # the rate the metrics report
     state = steps.place(steps.init_state(model, tc.seed))  # the model's arrays now live (sharded) in `state`
@@ -169,7 +171,9 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, "
         f"kernels={steps.resolved_kernels(cfg.kernels)}) on "
         f"{mesh_cfg.size} {jax.devices()[0].platform} device(s), mesh {sharding.describe(mesh)}; {tc.optimizer}, "
-        f"lr {tc.peak_lr}, batch {tc.batch_size}")
+        f"lr {tc.peak_lr}, batch {tc.batch_size}"
+        + ("" if tc.grad_compression == "none" else f"; gradients over data: {tc.grad_compression}, density "
+           f"{tc.density}"))
     return steps, state, start
 
 

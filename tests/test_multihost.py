@@ -106,6 +106,37 @@ def test_two_processes_train_like_one(tmp_path, clean_env):
     assert sorted(p.name for p in multi.iterdir()) == sorted(p.name for p in single.iterdir())
 
 
+def test_two_processes_train_with_compressed_gradients(tmp_path, clean_env):
+    """--grad-compression over data=2, one device per process: the exchange's per-rank state is created in its
+    sharding across the processes (Steps.place keeps it) and its all-to-all and all-gather run over gloo."""
+    corpus, vocab = _inputs(tmp_path)
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
+    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1", PYTHONUNBUFFERED="1",
+               XLA_FLAGS=" ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                  if not f.startswith("--xla_force_host_platform_device_count")))
+    port = _free_port()
+    # The flags given last win: 2 steps, one checkpoint, data=2.
+    flags = _args(corpus, vocab, out, "--steps", "2", "--eval-every", "100", "--save-every", "2", "--mesh", "data=2",
+                  "--grad-compression", "topk-balanced", "--compression-min-size", "1024")
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags, "--coordinator", f"localhost:{port}",
+                               "--num-processes", "2", "--process-id", str(i)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    records = [r for r in _metrics(out) if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2] and all(r["compression_selected"] > 0 for r in records)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2"]
+
+
 # ------------------------------------------------------------------------------------------ start-up settings
 def test_resolve_flags_env_and_slurm():
     assert distributed.resolve(environ={}) is None

@@ -9,12 +9,17 @@
 * `format.py`: the compact sparse format (wire-dtype values, 16-bit block offsets, per-block counts).
 * `exchange.py`: the flat index space of a device's shards; the all-gather and balanced (Ok-Topk) exchanges.
 * `transform.py`: `sparse_allreduce`, the optax transform with error feedback, momentum correction, local clipping.
-* `steps.py`: `CompressedSteps`, the train step with per-rank gradients inside a shard_map over `data`.
+* `steps.py`: `CompressedSteps`, the train step with per-rank gradients inside a shard_map over `data`;
+  `make_steps`, the dense or the compressed steps as a `TrainConfig`'s `grad_compression` says.
+
+Only the `data` axis's gradient all-reduce is compressed: `fsdp`'s reduce-scatter stays dense (each device already
+receives only its slice), and `tensor` and `pipeline` exchange activations, not gradients; selection works on each
+device's own shards of those axes (docs/compression.md, Which axes).
 """
 
 from .config import EXCHANGES, SELECTIONS, CompressionConfig
-from .steps import CompressedSteps
+from .steps import CompressedSteps, make_steps, steady_train_step
 from .transform import SparseAllReduceState, sparse_allreduce, state_shardings
 
-__all__ = ["EXCHANGES", "SELECTIONS", "CompressionConfig", "CompressedSteps", "SparseAllReduceState",
-           "sparse_allreduce", "state_shardings"]
+__all__ = ["EXCHANGES", "SELECTIONS", "CompressionConfig", "CompressedSteps", "SparseAllReduceState", "make_steps",
+           "sparse_allreduce", "state_shardings", "steady_train_step"]

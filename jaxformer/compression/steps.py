@@ -171,11 +171,14 @@ class CompressedSteps(Steps):
             updates, sparse_state = sparse_tx.update(grads, sparse_state, params)
             grad_norm = optax.tree.norm(updates)
             updates, opt_state = self.optimizer.update(updates, opt_state, params)
-            sums = jax.lax.psum(sums, axis)
+            # The exchange's counts of this step (entries selected, overflowed) ride on the losses' psum.
+            counts = jnp.sum(sparse_state.stats[..., :2].reshape(-1, 2), axis=0)
+            sums, counts = jax.lax.psum((sums, counts), axis)
             mlm_loss, nsp_loss = sums["mlm"] / jnp.maximum(n_masked, 1.0), sums["nsp"] / n_seq
             metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
                            mlm_correct=sums["mlm_correct"], n_masked=n_masked, nsp_correct=sums["nsp_correct"],
-                           n_seq=n_seq, grad_norm=grad_norm)
+                           n_seq=n_seq, grad_norm=grad_norm, compression_selected=counts[0],
+                           compression_overflowed=counts[1])
             return optax.apply_updates(params, updates), sparse_state, opt_state, metrics
 
         ranked = jax.tree.map(lambda x: P(axis) if x.ndim else P(), sparse_state)
@@ -191,3 +194,20 @@ class CompressedSteps(Steps):
                          bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step))
         metrics.update(lr=self.schedule(state.step), bad_step=new.bad_step)
         return new, metrics
+
+
+def make_steps(model: BertForPreTraining, optimizer: optax.GradientTransformation, tc: TrainConfig, mesh) -> Steps:
+    """The steps `tc` asks for: `CompressedSteps` with its `grad_compression` (`tc.compression_config()`), else the
+    dense `Steps` (the trainer's, benchmarks/train_step.py's and jaxformer.hlo_report's choice)."""
+    compression = tc.compression_config()
+    if compression is None:
+        return Steps(model, optimizer, tc, mesh)
+    return CompressedSteps(model, optimizer, tc, mesh, compression)
+
+
+def steady_train_step(steps: Steps) -> _Traced:
+    """The train step after any density warm-up (the one to compile from abstract shapes: `_Levels` reads the step
+    count of a concrete state)."""
+    train = steps.train_step
+    return train.at(steps.compression.warmup_steps) if isinstance(train, _Levels) else train
+
