@@ -1,8 +1,10 @@
 """BERT pre-training (MLM + NSP) from the command line.
 
 With no flags: the `tiny` preset on the built-in corpus (the Python standard library's documentation), a few
-minutes on a 2-core CPU. Point `--data` at your own corpus (BERT text format: one sentence per line, a blank line
-between documents; or .jsonl with a "text" field) and pick a larger `--config` on a GPU.
+minutes on a 2-core CPU. Point `--data` at your own corpus and pick a larger `--config` on a GPU: a directory
+prepared once with `python -m jaxformer.prepare` (starts in seconds whatever its size), or text (BERT format: one
+sentence per line, a blank line between documents; or .jsonl with a "text" field), prepared on the fly into a cache
+that later runs reuse (docs/training.md, Data).
 
 The flags are TrainConfig's fields (jaxformer/config.py; the table: docs/cli.md). The run itself is
 jaxformer.trainer.train.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,11 +38,12 @@ def config(argv=None):
 
 
 def main(argv=None) -> int:
+    started = time.perf_counter()  # the start-up time logged at the first step counts from here
     try:
         tc = config(argv)
         from jaxformer.trainer import Interrupted, TrainingStopped, train
         try:
-            summary = train(tc)
+            summary = train(tc, started=started)
         except Interrupted as e:  # Ctrl-C in the loop: a checkpoint was saved
             print(f"train.py: {e}", file=sys.stderr)
             return 130

@@ -5,6 +5,8 @@
     PYTHONPATH=. python benchmarks/data.py --load /tmp/prep5g --workers 2 --batch-size 64 --batches 200
     PYTHONPATH=. python benchmarks/data.py --train /tmp/prep5g --config large --batch-size 64 --steps 200  # GPU
     PYTHONPATH=. python benchmarks/data.py --compare-formats /tmp/prep5g --batch-size 64
+    PYTHONPATH=. python benchmarks/data.py --tile /tmp/prep --copies 64 --out /tmp/prep-tiled
+    PYTHONPATH=. python benchmarks/data.py --startup /tmp/prep-tiled   # or builtin: train.py's default run
 
 --generate-corpus writes GB gigabytes of BERT-format text made from the built-in corpus (64 variants of it, each with
 its documents shuffled, its sentences' words rotated and one word replaced by a number, in a random order).
@@ -14,7 +16,9 @@ second. --load opens the prepared set and times the first batch (no compile: the
 more, with the resident memory (private and file-backed) of this process and of Grain's workers, then times a full
 checksum verification. --train feeds the loader's batches to the
 real train step (one process, all local devices with --mesh) and prints ms/step against pre-placed synthetic
-batches and the time each step waited for data. Each mode prints one JSON line.
+batches and the time each step waited for data. --tile makes a large prepared set from a small one (its rows
+repeated, hard-linked shards) and --startup times train.py from its start to its first step (the compile not waited
+for). Each mode prints one JSON line.
 """
 from __future__ import annotations
 
@@ -255,6 +259,82 @@ def run_train(root: str, args) -> dict:
                 data_wait_ms_per_step=round(wait_s * 1e3, 3), data_wait_pct=round(100 * wait_s / loader_s, 2))
 
 
+def tile(root: str, copies: int, out: str) -> dict:
+    """A large prepared set made from the one in ``root`` without tokenizing: its training rows repeated into one
+    shard of the default shard size, listed ``copies`` times (hard links of one file), its eval rows in one shard.
+    What opening the set and starting the loader cost depends on the number of shards and rows, not on the rows'
+    contents (which repeat: the set is for start-up measurements, not for training)."""
+    import hashlib
+    import shutil
+
+    import numpy as np
+
+    from jaxformer.prepare import SHARD_BYTES
+    from jaxformer.prepared import MANIFEST, TOKENIZER, PreparedSet, shard_name, write_json, write_shard
+
+    data, target = PreparedSet(root), Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    rows = data.rows["train"].read(np.arange(data.num_train_examples))
+    per = max(1, SHARD_BYTES // rows.dtype.itemsize)
+    first = target / shard_name("train", 0)
+    digest = write_shard(first, np.resize(rows, per))
+    for i in range(1, copies):
+        (target / shard_name("train", i)).unlink(missing_ok=True)
+        os.link(first, target / shard_name("train", i))
+    held_out = data.rows["eval"].read(np.arange(data.num_eval_examples))
+    eval_digest = write_shard(target / shard_name("eval", 0), held_out)
+    shutil.copy(data.root / TOKENIZER, target / TOKENIZER)
+    m = data.manifest
+    inputs = dict(m["inputs"], sha256=hashlib.sha256(f"{m['inputs']['sha256']} tiled {copies}".encode()).hexdigest())
+    shards = dict(train=[dict(file=shard_name("train", i), rows=per, bytes=first.stat().st_size, sha256=digest)
+                         for i in range(copies)],
+                  eval=[dict(file=shard_name("eval", 0), rows=len(held_out),
+                             bytes=(target / shard_name("eval", 0)).stat().st_size, sha256=eval_digest)])
+    write_json(target / MANIFEST, dict(m, rows_per_shard=per, shards=shards, inputs=inputs,
+                                       counts=dict(m["counts"], train_examples=per * copies)))
+    return dict(mode="tile", out=str(target), train_examples=per * copies, shards=copies,
+                shard_gb=round(copies * first.stat().st_size / 1e9, 2))
+
+
+def startup(data: str, root: str, train_args: str) -> dict:
+    """`train.py` (of the repository `root`) from its start to its first step, not waiting for the compile: the
+    seconds at which its log shows the data ready, the model built and the first step dispatched, and the start-up
+    it logs itself (this version). ``data``: a prepared directory or text for --data, or "builtin"."""
+    import re
+    import shlex
+    import shutil
+    import subprocess
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="jaxformer-startup-"))
+    cmd = [sys.executable, str(Path(root) / "train.py"), "--steps", "1", "--no-progress", "--out", str(tmp / "run"),
+           *([] if data == "builtin" else ["--data", data]), *shlex.split(train_args)]
+    marks, logged, lines = {}, None, []
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            now, lines = time.perf_counter() - start, lines + [line.rstrip()]
+            if line.startswith("data: ") and " training / " in line:
+                marks["data_ready_s"] = round(now, 2)
+            elif line.startswith("model: "):
+                marks["model_built_s"] = round(now, 2)
+            elif line.startswith("step 1: compiling"):
+                marks["first_step_s"] = round(now, 2)
+                if found := re.search(r"([\d.]+)s after the start", line):
+                    logged = float(found.group(1))
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if "first_step_s" not in marks:
+        raise RuntimeError("train.py stopped before its first step:\n" + "\n".join(lines[-20:]))
+    return dict(mode="startup", data=data, root=root, train_args=train_args, **marks, logged_start_up_s=logged,
+                load_average=os.getloadavg())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -263,6 +343,9 @@ def main() -> int:
     mode.add_argument("--load", metavar="DIR")
     mode.add_argument("--train", metavar="DIR")
     mode.add_argument("--compare-formats", metavar="DIR")
+    mode.add_argument("--tile", metavar="DIR", help="a large prepared set in --out from DIR's rows (--copies shards)")
+    mode.add_argument("--startup", metavar="DATA", help="train.py's start-up on DATA (a prepared directory, text, "
+                      "or 'builtin')")
     ap.add_argument("--corpus", default="/tmp/jaxformer-corpus.txt", help="--generate-corpus: the file to write")
     ap.add_argument("--out", help="--prepare: the prepared directory")
     ap.add_argument("--vocab-dir", default="/tmp/jaxformer-bench-vocab")
@@ -275,6 +358,10 @@ def main() -> int:
     ap.add_argument("--kernels", default="auto")
     ap.add_argument("--mesh", default=None)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--copies", type=int, default=64, help="--tile: shards of the large set")
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]),
+                    help="--startup: the repository whose train.py runs (default: this one)")
+    ap.add_argument("--train-args", default="", help="--startup: more train.py flags, e.g. '--data-workers 0'")
     a = ap.parse_args()
     if a.generate_corpus:
         result = generate_corpus(a.generate_corpus, Path(a.corpus))
@@ -284,6 +371,10 @@ def main() -> int:
         result = run_load(a.load, a.workers, a.batch_size, a.batches, a.step_ms)
     elif a.compare_formats:
         result = compare_formats(a.compare_formats, a.batch_size, a.batches)
+    elif a.tile:
+        result = tile(a.tile, a.copies, a.out)
+    elif a.startup:
+        result = startup(a.startup, a.root, a.train_args)
     else:
         result = run_train(a.train, a)
     print(json.dumps(result))

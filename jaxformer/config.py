@@ -301,9 +301,10 @@ class TrainConfig:
                       on_resume="fixed")
 
     # -- data
-    data: tuple[str, ...] | None = flag(None, "data", "corpus: file(s), directory or glob of BERT-format text or "
-                                        ".jsonl; default: built-in corpus", nargs="+", metavar="PATH",
-                                        on_resume="fixed")
+    data: tuple[str, ...] | None = flag(None, "data", "a prepared directory (python -m jaxformer.prepare), or "
+                                        "file(s), directory or glob of BERT-format text or .jsonl, prepared on the "
+                                        "fly into the cache (docs/training.md, Data); default: built-in corpus",
+                                        nargs="+", metavar="PATH", on_resume="fixed")
     vocab: str | None = flag(None, "data", "BERT vocab.txt or tokenizer.json; default: train a WordPiece tokenizer "
                              "on the corpus (saved as <out>/tokenizer.json)", metavar="FILE",
                              on_resume="fixed")
@@ -312,6 +313,8 @@ class TrainConfig:
     seq_len: int = flag(128, "data", "tokens per sequence", on_resume="fixed")
     max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15% of --seq-len)",
                                        on_resume="fixed")
+    data_workers: int = flag(2, "data", "worker processes that read and mask the batches (Grain); 0: threads of "
+                             "the training process")
 
     # -- optimisation
     batch_size: int = flag(32, "optimisation", "global batch size (sequences per step)", on_resume="fixed")
@@ -419,6 +422,8 @@ class TrainConfig:
                              f"(seq_len={self.seq_len}: [CLS] and two [SEP] are never masked)")
         if self.vocab_size is not None:
             _require_positive_ints(self, ("vocab_size",))
+        if isinstance(self.data_workers, bool) or not isinstance(self.data_workers, int) or self.data_workers < 0:
+            raise ValueError(f"data_workers={self.data_workers!r} must be an integer >= 0")
         if self.warmup_steps is None:
             object.__setattr__(self, "warmup_steps", self.steps // 10)
         if isinstance(self.warmup_steps, bool) or not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):

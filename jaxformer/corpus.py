@@ -98,14 +98,26 @@ def resolve_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
     return files
 
 
-def _iter_lines(path: Path, stats: CorpusStats) -> Iterator[str]:
-    """Stream stripped lines; decoding per line lets us skip and count only the bad lines."""
+def _iter_lines(path: Path, stats: CorpusStats, start: int = 0, end: int | None = None,
+                digest=None) -> Iterator[str]:
+    """Stream the stripped lines of bytes [start, end) of `path` (the whole file by default; `start` at a line
+    start); decoding per line lets us skip and count only the bad lines. `digest` (a hashlib object): fed every
+    byte read."""
     try:
         with open(path, "rb") as f:
-            while raw := f.readline(MAX_LINE_BYTES + 1):
-                if len(raw) > MAX_LINE_BYTES:  # skip to the end of this line
-                    while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-                        pass
+            f.seek(start)
+            left = float("inf") if end is None else end - start
+            while left > 0 and (raw := f.readline(int(min(MAX_LINE_BYTES + 1, left)))):
+                left -= len(raw)
+                if digest is not None:
+                    digest.update(raw)
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):  # skip to the end of this line
+                    while left > 0 and (rest := f.readline(int(min(MAX_LINE_BYTES, left)))):
+                        left -= len(rest)
+                        if digest is not None:
+                            digest.update(rest)
+                        if rest.endswith(b"\n"):
+                            break
                     stats.overlong_lines += 1
                     continue
                 try:
@@ -118,9 +130,13 @@ def _iter_lines(path: Path, stats: CorpusStats) -> Iterator[str]:
         raise DataError(f"cannot read corpus file {path}: {e.strerror or e}") from e
 
 
-def _iter_file_documents(path: Path, stats: CorpusStats) -> Iterator[list[str]]:
+def iter_file_documents(path: Path, stats: CorpusStats, start: int = 0, end: int | None = None,
+                        digest=None) -> Iterator[list[str]]:
+    """The documents (lists of sentences) of one file, or of its bytes [start, end) when those are cut at document
+    boundaries (`jaxformer.prepare.byte_ranges`); skipped lines are counted in `stats` (see `_iter_lines`)."""
+    lines = _iter_lines(path, stats, start, end, digest)
     if path.suffix == ".jsonl":  # one JSON object per line, one document per line
-        for line in _iter_lines(path, stats):
+        for line in lines:
             if not line:
                 continue
             try:
@@ -134,7 +150,7 @@ def _iter_file_documents(path: Path, stats: CorpusStats) -> Iterator[list[str]]:
                 yield sentences
         return
     doc: list[str] = []  # BERT format: one sentence per line, blank line between documents
-    for line in _iter_lines(path, stats):
+    for line in lines:
         if line:
             doc.append(line)
         elif doc:
@@ -158,7 +174,7 @@ def iter_documents(paths: PathLike | Sequence[PathLike],
         found = 0
         for path in files:
             stats.files += 1
-            for doc in _iter_file_documents(path, stats):
+            for doc in iter_file_documents(path, stats):
                 stats.documents += 1
                 stats.sentences += len(doc)
                 found += len(doc)
@@ -357,8 +373,22 @@ def _load_vocab(path: Path, lowercase: bool) -> Tokenizer:
     return _bert_tokenizer(table, lowercase)
 
 
+_DIGESTS: dict[tuple, str] = {}  # corpus_digest's results in this process, by the files' names, sizes and times
+
+
 def corpus_digest(files: Sequence[Path]) -> str:
-    """SHA-256 of the corpus files' contents, in order (the key of a trained tokenizer in the cache)."""
+    """SHA-256 of the corpus files' contents, in order (the key of a trained tokenizer and of a prepared set in the
+    cache). Read once per process while the files keep their sizes and modification times."""
+    try:
+        key = tuple((str(Path(p).resolve()), s.st_size, s.st_mtime_ns) for p in files for s in [Path(p).stat()])
+    except OSError as e:
+        raise DataError(f"cannot read corpus file {e.filename}: {e.strerror or e}") from e
+    if key not in _DIGESTS:
+        _DIGESTS[key] = _digest(files)
+    return _DIGESTS[key]
+
+
+def _digest(files: Sequence[Path]) -> str:
     h = hashlib.sha256()
     for path in files:
         h.update(f"{path.stat().st_size}\n".encode())

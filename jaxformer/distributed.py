@@ -142,7 +142,7 @@ def broadcast_text(text: str, size: int = 256) -> str:
 
 def batch_block(batch_sharding: jax.sharding.Sharding, batch_size: int) -> tuple[int, int]:
     """(i, k): this process's devices hold rows [i*B/k, (i+1)*B/k) of every global batch under `batch_sharding`,
-    so it reads block i of k (`PretrainingData.train_batch(step, B, i, k)`). k is the process count when the batch
+    so it reads block i of k (`loader.train_batches(..., block=i, n_blocks=k)`). k is the process count when the batch
     axes span every process, fewer when processes replicate the batch (e.g. `tensor` or `pipeline` across hosts).
 
     `jax.make_array_from_process_local_data` fills this process's devices from its local rows in order, and does

@@ -1,8 +1,7 @@
 """MLM + NSP examples, independent of where they are stored: NSP pairs (made once, when data is prepared), rows
 (``[CLS] A [SEP] B [SEP]`` padded to the sequence length) and the dynamic MLM masking (redone at batch time).
 
-The functions reproduce ``data.PretrainingData`` exactly (its pair construction, eval split, row layout and masking
-hash), so a prepared set (``jaxformer.prepare``) yields the same examples as the in-memory path.
+The one copy of the example logic: ``jaxformer.prepare`` makes the pairs and rows, ``jaxformer.loader`` masks them.
 """
 from __future__ import annotations
 
@@ -38,11 +37,11 @@ def uniform(*parts) -> np.ndarray:
     return (hash64(*parts) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
-def eval_documents(n_docs: int, eval_fraction: float) -> np.ndarray:
+def eval_documents(n_docs: int, eval_fraction: float, where: str = "the corpus") -> np.ndarray:
     """Which documents are held out: a pure function of the document index (not of the seed), at least two per split
-    so that random-next pairs exist in both."""
+    so that random-next pairs exist in both. `where`: the corpus, as error messages name it."""
     if n_docs < 4:
-        raise DataError(f"the corpus has {n_docs} non-empty documents; need at least 4 "
+        raise DataError(f"{where} has {n_docs} non-empty documents; need at least 4 "
                         "(2 for training and 2 for the held-out eval split, for random NSP pairs)")
     u = uniform(0xE7A1, np.arange(n_docs))
     is_eval = u < eval_fraction

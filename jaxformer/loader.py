@@ -2,8 +2,8 @@
 
 Global batch ``step`` is a pure function of (prepared set, seed, batch size, step): epoch e = step // steps_per_epoch
 visits the training rows in Grain's shuffled order for (seed, e) (``MapDataset.range(n).shuffle().repeat()``; the
-last partial batch of an epoch is dropped), and each row is masked afresh with randomness keyed by (seed, e, row),
-as ``data.PretrainingData`` masks. A process reads only its block of rows of each global batch (``block`` of
+last partial batch of an epoch is dropped), and each row is masked afresh with randomness keyed by (seed, e, row)
+(``examples.masked_batch``). A process reads only its block of rows of each global batch (``block`` of
 ``n_blocks``: ``distributed.batch_block``). Grain runs the batches in worker processes ahead of the consumer
 (``MultiprocessingOptions``), or in threads of this process with ``workers=0``.
 
@@ -83,6 +83,24 @@ class _TrainBatch:
                             self.mask_prob, self.max_predictions)
 
 
+def _init_worker(index: int, count: int) -> None:
+    """In each of Grain's worker processes: Ctrl-C is the training process's to handle (a terminal sends it to the
+    whole process group), and the worker ends when that process is gone (killed with SIGKILL, it cannot close
+    them; they would wait for it forever)."""
+    import os
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+    threading.Thread(target=watch, name="jaxformer-loader-parent", daemon=True).start()
+
+
 class TrainBatches:
     """Iterator of this process's rows of global batches ``start_step, start_step + 1, ...`` (endless).
 
@@ -110,7 +128,8 @@ class TrainBatches:
             # Arrays under 1 MiB travel pickled, not through a new shared-memory block each: 1.6x the batches/s at
             # B=64, S=128 (benchmarks/results/data.md, Loader).
             it = grain.experimental.WithOptionsIterDataset(it, grain.experimental.DatasetOptions(min_shm_size=1 << 20))
-            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=prefetch))
+            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=prefetch),
+                                worker_init_fn=_init_worker)
         self._it = iter(it)
         # The first batch is asked for now, in a thread, so that the workers start (seconds: each imports grain and
         # jax) while the caller does other work, e.g. compiles the model. Grain 0.2.18's start_prefetch() does not
@@ -170,9 +189,9 @@ def train_batches(data: PreparedSet, batch_size: int, seed: int = 0, start_step:
                   workers: int = 2, prefetch: int = 2, state: bytes | None = None) -> TrainBatches:
     """This process's rows (block ``block`` of ``n_blocks``) of global batches from ``start_step`` on, or from the
     step saved in ``state`` (``TrainBatches.state()``; DataError if it was saved for another stream: other data,
-    seed, batch size or masking). Batches hold what ``data.PretrainingData.train_batches`` yields: ``input_ids``,
-    ``token_type_ids``, ``attention_mask`` (b, S) int32, ``masked_positions``, ``masked_labels`` (b, P) int32,
-    ``masked_weights`` (b, P) float32, ``nsp_labels`` (b,) int32, with b = batch_size / n_blocks."""
+    seed, batch size or masking). Batches hold ``input_ids``, ``token_type_ids``, ``attention_mask`` (b, S) int32,
+    ``masked_positions``, ``masked_labels`` (b, P) int32, ``masked_weights`` (b, P) float32 and ``nsp_labels``
+    (b,) int32 (0: B continues A, 1: B is random), with b = batch_size / n_blocks."""
     _check_blocks(batch_size, block, n_blocks)
     if data.num_train_examples < batch_size:
         raise DataError(f"{data.root} has {data.num_train_examples} training examples, fewer than one batch of "
@@ -215,7 +234,8 @@ def eval_batches(data: PreparedSet, batch_size: int, seed: int = 0, limit: int |
                  n_blocks: int = 1, mask_prob: float = 0.15,
                  max_predictions: int | None = None) -> list[dict[str, np.ndarray]]:
     """The first ``limit`` (None: all) held-out batches in order with fixed masking, this process's block of rows
-    of each; the last batch is topped up by wrapping around to the first examples (``PretrainingData.eval_batches``)."""
+    of each; the last batch is topped up by wrapping around to the first examples, so every batch has the same
+    static shape."""
     _check_blocks(batch_size, block, n_blocks)
     n_pred = _max_predictions(data, mask_prob, max_predictions)
     n = data.num_eval_examples

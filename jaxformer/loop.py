@@ -1,10 +1,11 @@
 """The training loop (`run`): steps, metrics, held-out evaluation, checkpoints, profiling and Ctrl-C (`Interrupts`).
 
 Each iteration is `state, metrics = steps.train_step(state, next(batches))`: `batches` yields device batches that
-a `data.Prefetcher` thread assembled (`PretrainingData.train_batches`) and placed on the mesh
-(`Steps.place_batch`) ahead of time; `Steps.train_step` (jaxformer/steps.py) is one jit of the forward pass, the
-MLM + NSP losses, the gradients and the optax update. The host waits for the device only at log steps, where one
-transfer brings the metrics (and the first non-finite step, if any) back.
+a `data.Prefetcher` thread took from the loader (`loader.train_batches`: this process's rows, assembled and masked
+in Grain's workers) and placed on the mesh (`Steps.place_batch`) ahead of time; `Steps.train_step`
+(jaxformer/steps.py) is one jit of the forward pass, the MLM + NSP losses, the gradients and the optax update. The
+host waits for the device only at log steps, where one transfer brings the metrics (and the first non-finite step,
+if any) back. Each checkpoint stores the loader's state at its step (`run_data.checkpoint_meta`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any, Callable
 import jax
 from tqdm.auto import tqdm
 
-from . import distributed
+from . import distributed, loader, run_data
 from .config import TrainConfig
-from .data import Prefetcher, PretrainingData
+from .data import Prefetcher
 from .outputs import Checkpointer, MetricsWriter, plot_losses
+from .prepared import PreparedSet
 from .steps import Steps, TrainState, evaluate, host_metrics
 
 
@@ -71,24 +73,29 @@ class Interrupts:
             self._previous = None
 
 
-def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData, ckpt: Checkpointer, out: Path,
-        start: int, meta: dict[str, Any], interrupts: Interrupts | None = None,
-        log: Callable = print) -> dict[str, Any]:
-    """Train from step `start` to `tc.steps`; returns the summary (final metrics, last evaluation, outputs).
+def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PreparedSet, train_batches: loader.TrainBatches,
+        ckpt: Checkpointer, out: Path, start: int, meta: dict[str, Any], interrupts: Interrupts | None = None,
+        log: Callable = print, started: float | None = None) -> dict[str, Any]:
+    """Train from step `start` to `tc.steps` on `train_batches` (this process's rows of the batches from `start`
+    on); returns the summary (final metrics, last evaluation, outputs).
 
-    Metrics every `log_every` steps, evaluation every `eval_every`, a checkpoint (state + `meta`) every
-    `save_every`, and all three at the last step. Process 0 alone writes metrics and the plot."""
+    Metrics every `log_every` steps, evaluation every `eval_every` (the first `eval_batches` held-out batches of
+    `data`), a checkpoint (state + `meta` + the loader's state) every `save_every`, and all three at the last step.
+    Process 0 alone writes metrics and the plot. `started`: the process's start (`time.perf_counter()`), for the
+    start-up time logged when the first step is dispatched."""
     main = distributed.is_main()
     stop = interrupts or Interrupts()
     stop.arm()
-    # Each process assembles only its block of rows of every batch (all rows with one process), train and eval.
+    # Each process reads only its block of rows of every batch (all rows with one process), train and eval.
     block, n_blocks = steps.batch_block
-    eval_batches = [steps.place_batch(steps.local_rows(b))
-                    for b in data.eval_batches(tc.batch_size)[:tc.eval_batches]]
-    batches = Prefetcher((steps.place_batch(b) for b in data.train_batches(tc.batch_size, start, block, n_blocks)),
-                         depth=2)
+    eval_batches = [steps.place_batch(b) for b in loader.eval_batches(
+        data, tc.batch_size, tc.seed, limit=tc.eval_batches, block=block, n_blocks=n_blocks,
+        max_predictions=tc.max_predictions)]
+    baseline = loader.most_frequent_token_baseline(data, tc.seed, max_predictions=tc.max_predictions,
+                                                   limit=tc.eval_batches * tc.batch_size)
+    batches = Prefetcher((steps.place_batch(b) for b in train_batches), depth=2)
     checkpoints = out / "checkpoints"
-    summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=data.most_frequent_token_baseline)
+    summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=baseline)
     writer = MetricsWriter(out) if main else _NoWriter()
     progress = _Progress(tc, start)
     meter, profile = _Throughput(tc.batch_size, batches, start), _Profile(tc, out, log)
@@ -97,10 +104,13 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData,
         if tc.dump_hlo and main:
             (out / "train_step.hlo.txt").write_text(steps.train_step.compile(state, eval_batches[0]).as_text())
             log(f"wrote the optimized HLO of the train step to {out / 'train_step.hlo.txt'}")
-        log(f"step {start + 1}: compiling the train step (the first step takes longer than the others)")
         while step < tc.steps:
             profile.before(step)
-            state, metrics = steps.train_step(state, next(batches))
+            batch = next(batches)
+            if step == start:
+                since = "" if started is None else f"; {time.perf_counter() - started:.1f}s after the start"
+                log(f"step {start + 1}: compiling the train step (the first step takes longer than the others){since}")
+            state, metrics = steps.train_step(state, batch)
             step += 1
             progress.update(metrics, log)
             profile.after(step, state)
@@ -115,7 +125,7 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PretrainingData,
                     progress.write(f"step {step}: eval mlm loss {last_eval['eval_mlm_loss']:.3f}, "
                                    f"mlm acc {last_eval['eval_mlm_acc']:.3f}, nsp acc {last_eval['eval_nsp_acc']:.3f}")
             if step % tc.save_every == 0 or last or stopping:
-                ckpt.save(step, state, dict(meta, step=step))
+                ckpt.save(step, state, dict(meta, step=step, **run_data.checkpoint_meta(train_batches, step)))
             if stopping:
                 raise Interrupted(f"interrupted: saved a checkpoint at step {step} in {checkpoints}; continue "
                                   f"with: python train.py --out {shlex.quote(str(out))} --resume")

@@ -12,8 +12,9 @@ Stages (each resumable: an interrupted run picks up where it stopped, a finished
 4. shards: worker processes assemble the rows and write ``train-*.npy`` / ``eval-*.npy`` (prepared.py) with a
    checksum each; last, ``manifest.json`` is written and ``.prepare/`` removed.
 
-The result equals ``data.PretrainingData`` on the same corpus, tokenizer, seq_len and seed: same documents, token ids,
-eval split and pairs in the same order; masking is applied at batch time (``jaxformer.loader``).
+The result depends only on the corpus, the tokenizer, seq_len and seed (and the chunk and shard sizes, which only
+cut it differently): masking is applied at batch time (``jaxformer.loader``). ``train.py`` prepares raw text this way
+on the fly, into a cache (jaxformer/run_data.py).
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .corpus import (DataError, PathLike, builtin_corpus, load_or_train_tokenizer, resolve_paths,
-                     special_token_ids, split_sentences)
+from .corpus import (MAX_LINE_BYTES, CorpusStats, DataError, PathLike, builtin_corpus, iter_file_documents,
+                     load_or_train_tokenizer, resolve_paths, special_token_ids)
 from .data import DataConfig
 from .examples import Pairs, assemble_rows, eval_documents, make_pairs, row_dtype, token_dtype
 from .prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER, VERSION, read_manifest, savez, sha256_file,
@@ -45,59 +46,37 @@ SHARD_BYTES = 128 << 20  # rows per shard file (default): ~500k rows at seq_len 
 
 
 # ----------------------------------------------------------------------------- reading byte ranges
-def _text(raw: bytes) -> str | None:
-    """corpus._iter_lines' view of one line: stripped text, or None for undecodable bytes."""
+def _to_next_line(f) -> None:
+    while (part := f.readline(1 << 20)) and not part.endswith(b"\n"):
+        pass
+
+
+def _is_blank(raw: bytes) -> bool:
+    """Whether the reader (corpus.iter_file_documents) sees ``raw`` as a blank line, i.e. a document break."""
     try:
-        return raw.decode("utf-8").lstrip("\ufeff").strip()
+        return not raw.decode("utf-8").lstrip("\ufeff").strip()
     except UnicodeDecodeError:
-        return None
+        return False
 
 
 def byte_ranges(path: Path, chunk_bytes: int) -> list[tuple[int, int]]:
     """[start, end) ranges covering ``path``, each cut right after a document boundary (a blank line; for .jsonl any
-    line end), so reading the ranges one by one yields the file's documents exactly."""
+    line end), so reading the ranges one by one (``corpus.iter_file_documents(path, stats, start, end)``) yields
+    the file's documents exactly. Lines are read in bounded pieces: a file without line ends is not loaded whole."""
     size, jsonl, cuts = path.stat().st_size, path.suffix == ".jsonl", [0]
     with open(path, "rb") as f:
         while cuts[-1] + chunk_bytes < size:
             f.seek(cuts[-1] + chunk_bytes)
-            f.readline()  # to the next line start
-            while not jsonl and (line := f.readline()) and _text(line) != "":
-                pass  # to just after the next blank line
+            _to_next_line(f)
+            while not jsonl and (line := f.readline(MAX_LINE_BYTES + 1)):
+                if not line.endswith(b"\n") and len(line) > MAX_LINE_BYTES:
+                    _to_next_line(f)  # an overlong line: skipped by the reader, never a break
+                elif _is_blank(line):
+                    break  # just after the next blank line
             if f.tell() >= size:
                 break
             cuts.append(f.tell())
     return list(zip(cuts, cuts[1:] + [size]))
-
-
-def range_documents(data: bytes, jsonl: bool, stats: dict) -> list[list[str]]:
-    """The documents (lists of sentences) in ``data``, whole lines of a file cut at document boundaries
-    (``byte_ranges``), by corpus._iter_file_documents' rules; skipped lines are counted in ``stats``."""
-    docs, doc = [], []
-    for raw in data.split(b"\n"):
-        line = _text(raw)
-        if line is None:
-            stats["undecodable_lines"] += 1
-            continue
-        if jsonl:
-            if not line:
-                continue
-            try:
-                text = json.loads(line)["text"]
-                if not isinstance(text, str):
-                    raise TypeError
-            except (ValueError, KeyError, TypeError, IndexError):
-                stats["malformed_lines"] += 1
-                continue
-            if sentences := split_sentences(text):
-                docs.append(sentences)
-        elif line:
-            doc.append(line)
-        elif doc:
-            docs.append(doc)
-            doc = []
-    if doc:
-        docs.append(doc)
-    return docs
 
 
 # ----------------------------------------------------------------------------- worker processes
@@ -115,14 +94,11 @@ def _init_worker(tokenizer_json: str, tokens_path: str, own_process: bool = True
 
 
 def _tokenize_piece(task) -> int:
-    """Tokenize one byte range into ``out`` (data.PretrainingData._tokenize's rules: sentences that normalize to
-    nothing are dropped, and documents left empty)."""
+    """Tokenize one byte range into ``out``: sentences that normalize to nothing are dropped, and documents left
+    empty."""
     path, start, end, out = task
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    stats = dict(undecodable_lines=0, malformed_lines=0)
-    docs = range_documents(data, Path(path).suffix == ".jsonl", stats)
+    stats, digest = CorpusStats(), hashlib.sha256()
+    docs = list(iter_file_documents(Path(path), stats, start, end, digest))
     sentences = [s for doc in docs for s in doc]
     tokens, lens = [], []
     for i in range(0, len(sentences), 8192):  # to numpy batch by batch: Python lists of ids take ~36 bytes a token
@@ -132,11 +108,12 @@ def _tokenize_piece(task) -> int:
     lens = np.concatenate(lens) if lens else np.zeros(0, np.int64)
     doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
     doc_sizes = np.bincount(doc_of[lens > 0], minlength=len(docs))
-    meta = dict(stats, documents=len(docs), sentences=len(sentences), tokens=int(lens.sum()), bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest())
+    meta = dict(undecodable_lines=stats.undecodable_lines, malformed_lines=stats.malformed_lines,
+                overlong_lines=stats.overlong_lines, documents=len(docs), sentences=len(sentences),
+                tokens=int(lens.sum()), bytes=end - start, sha256=digest.hexdigest())
     savez(Path(out), tokens=np.concatenate(tokens) if tokens else np.zeros(0, _worker["dtype"]),
           sent_lens=lens[lens > 0], doc_sizes=doc_sizes[doc_sizes > 0], meta=json.dumps(meta))
-    return len(data)
+    return end - start
 
 
 def _write_rows(task) -> tuple[str, str]:
@@ -197,8 +174,8 @@ def _tokenize(pool, work: Path, files: list[Path], chunk_bytes: int, dtype: np.d
             metas.append(json.loads(str(z["meta"])))
             sent_lens.append(z["sent_lens"])
             doc_sizes.append(z["doc_sizes"])
-    counts = {k: sum(m[k] for m in metas) for k in ("bytes", "documents", "sentences", "tokens",
-                                                   "undecodable_lines", "malformed_lines")}
+    counts = {k: sum(m.get(k, 0) for m in metas) for k in ("bytes", "documents", "sentences", "tokens",
+                                                           "undecodable_lines", "malformed_lines", "overlong_lines")}
     counts.update(files=len(files), sha256=hashlib.sha256(b"".join(bytes.fromhex(m["sha256"]) for m in metas))
                   .hexdigest())
     if counts["sentences"] == 0:
@@ -219,7 +196,7 @@ def _tokenize(pool, work: Path, files: list[Path], chunk_bytes: int, dtype: np.d
     return counts
 
 
-def _pairs(work: Path, config: DataConfig) -> tuple[dict[str, Pairs], int]:
+def _pairs(work: Path, config: DataConfig, where: str) -> tuple[dict[str, Pairs], int]:
     """Stage 3: the eval split and the NSP pairs of both splits (sequential: one random stream); the pairs and
     the number of eval documents."""
     if (work / "pairs.npz").exists():
@@ -228,8 +205,8 @@ def _pairs(work: Path, config: DataConfig) -> tuple[dict[str, Pairs], int]:
     with np.load(work / "corpus.npz") as z:
         sent_starts = np.concatenate([[0], np.cumsum(z["sent_lens"])])
         doc_starts = np.concatenate([[0], np.cumsum(z["doc_sizes"])])
-    is_eval = eval_documents(len(doc_starts) - 1, config.eval_fraction)
-    rng = random.Random(config.seed)  # train first, then eval, as data.PretrainingData does
+    is_eval = eval_documents(len(doc_starts) - 1, config.eval_fraction, where)
+    rng = random.Random(config.seed)  # one stream: the training split's pairs first, then the held-out split's
     pairs = {s: make_pairs(sent_starts, doc_starts, np.flatnonzero(docs), rng, config.seq_len,
                            config.short_seq_prob) for s, docs in (("train", ~is_eval), ("eval", is_eval))}
     savez(work / "pairs.npz", eval_documents=int(is_eval.sum()),
@@ -257,11 +234,12 @@ def _shards(pool, out: Path, work: Path, pairs: dict[str, Pairs], done: dict[str
 
 
 def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_per_shard: int | None = None,
-            chunk_bytes: int = CHUNK_BYTES, progress: bool = True, log=print) -> dict:
+            chunk_bytes: int = CHUNK_BYTES, progress: bool = True, log=print, restart: bool = False) -> dict:
     """Prepare ``config``'s corpus (paths None: the built-in corpus) with its tokenizer (``config.vocab``, or one
     trained with ``config.vocab_size`` and kept in ``out``) into ``out``; returns the manifest. ``workers``: worker
     processes (default: all cores; 0: everything in this process). DataError for bad input, or when ``out`` holds
-    another preparation."""
+    another preparation; with ``restart``, an unfinished one with other settings is discarded instead (a cache entry,
+    whose name already fixes what its result holds)."""
     t_start = time.perf_counter()
     out = Path(out).expanduser()
     if config.seq_len > 65535:
@@ -285,6 +263,11 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
 
     # What earlier runs finished: shard file -> sha256, from a manifest or an unfinished run's log.
     work, old, expected = out / WORK, None, {}
+    if restart:  # what is there with other settings goes
+        if (out / MANIFEST).exists() and read_manifest(out).get("plan") != plan:
+            (out / MANIFEST).unlink()
+        if (work / "plan.json").exists() and json.loads((work / "plan.json").read_text()) != plan:
+            shutil.rmtree(work)
     if (out / MANIFEST).exists():
         old = read_manifest(out)
         if old["plan"] != plan:
@@ -317,7 +300,7 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
         t = time.perf_counter()
         counts = _tokenize(pool, work, files, chunk_bytes, dtype, progress)
         seconds["tokenize"], t = time.perf_counter() - t, time.perf_counter()
-        pairs, counts["eval_documents"] = _pairs(work, config)
+        pairs, counts["eval_documents"] = _pairs(work, config, f"corpus {', '.join(map(str, files))}")
         seconds["pairs"], t = time.perf_counter() - t, time.perf_counter()
 
         names, written = _shards(pool, out, work, pairs, done, rows_per_shard, config.seq_len,

@@ -11,7 +11,7 @@ Each shard is a plain ``.npy`` file of fixed-size structured rows (``examples.ro
 [SEP] B [SEP]`` ids padded to ``seq_len``, then per segment the lengths of A and B and the NSP label): row i is at a
 fixed offset, so a batch is one positioned read per row with no decoding (ArrayRecord's per-record reader was ~60x
 slower per batch, benchmarks/results/data.md, Format), and the page cache is shared by every process and worker
-of a machine. Row i of a split is example i of ``data.PretrainingData``'s split of the same corpus and seed.
+of a machine. Row i of a split is NSP pair i of ``examples.make_pairs`` over that split's documents.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 An output directory belongs to one run. A new run needs a missing or empty `--out`, or `--overwrite`, which
 deletes an earlier run's outputs (RUN_OUTPUTS, nothing else) after checking that it is a run directory. run.json
 holds the run's TrainConfig with every default spelled out (`resolved`), its model config, the tokenizer's digest,
-the corpus files' sizes, jaxformer's version and the pieces of its learning-rate schedule. `resumed_config` rebuilds
-the run's TrainConfig from it with the flags given again; `check_resume` refuses changes to the fields that define
-the run (`on_resume="fixed"` in jaxformer/config.py).
+the corpus files' sizes (a prepared set's digest: `run_data.identity`), jaxformer's version and the pieces of its
+learning-rate schedule. `resumed_config` rebuilds the run's TrainConfig from it with the flags given again;
+`check_resume` refuses changes to the fields that define the run (`on_resume="fixed"` in jaxformer/config.py).
 
 Extending (`--steps` above the run's total, from its newest checkpoint at step s): the schedule gains a piece from s
 to the new total that follows the schedule of that total, scaled so that the rate at s is the one the run had
@@ -147,7 +147,8 @@ def _absolute(path: str) -> str:
 def resolved(tc: TrainConfig, vocab_size: int | None = None) -> TrainConfig:
     """`tc` with every default that depends on other fields spelled out (learning rate, dropout, masked
     positions, vocabulary size) and paths made absolute: the same run, in the terms run.json stores.
-    `vocab_size`: the size of a `--vocab` file (unknown before it is loaded)."""
+    `vocab_size`: the size of a given tokenizer (`--vocab`, a prepared set's; unknown before it is loaded), None
+    for one trained on the corpus."""
     from .data import DataConfig
     changes: dict[str, Any] = dict(
         lr=tc.peak_lr, max_predictions=tc.max_predictions or DataConfig(seq_len=tc.seq_len).max_predictions,
@@ -155,7 +156,7 @@ def resolved(tc: TrainConfig, vocab_size: int | None = None) -> TrainConfig:
         data=None if tc.data is None else tuple(_absolute(p) for p in tc.data),
         vocab=None if tc.vocab is None else _absolute(tc.vocab))
     if tc.vocab_size is None:
-        changes["vocab_size"] = vocab_size if tc.vocab is not None else DEFAULT_VOCAB_SIZE
+        changes["vocab_size"] = vocab_size if vocab_size is not None else DEFAULT_VOCAB_SIZE
     return dataclasses.replace(tc, **changes)
 
 
@@ -163,18 +164,15 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def new_record(tc: TrainConfig, cfg: BertConfig, tokenizer: Path, corpus: list[Path],
+def new_record(tc: TrainConfig, cfg: BertConfig, tokenizer: Path, corpus: list[list],
                mesh: MeshConfig | None = None) -> dict[str, Any]:
-    """run.json of a new run: `tc` as `resolved`, the model config, the resolved `mesh` and one schedule piece
-    (0, steps). (Only process 0 writes it, and only its copy of the tokenizer file is sure to be there.)"""
+    """run.json of a new run: `tc` as `resolved`, the model config, the input's `corpus` (`run_data.identity`), the
+    resolved `mesh` and one schedule piece (0, steps). (Only process 0 writes it, and only its copy of the tokenizer
+    file is sure to be there.)"""
     return dict(jaxformer_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
                 train_config=as_json(dataclasses.asdict(tc)), model_config=cfg.to_dict(),
-                tokenizer_sha256=file_digest(tokenizer) if distributed.is_main() else None, corpus=_sizes(corpus),
+                tokenizer_sha256=file_digest(tokenizer) if distributed.is_main() else None, corpus=as_json(corpus),
                 schedule=[[0, tc.steps]], **({"mesh": mesh.spec()} if mesh is not None else {}))
-
-
-def _sizes(files: list[Path]) -> list[list]:
-    return [[_absolute(str(p)), p.stat().st_size] for p in files]
 
 
 def read_record(out: Path) -> dict[str, Any]:
@@ -262,12 +260,13 @@ def compression_changes(record: dict[str, Any], tc: TrainConfig, mesh: MeshConfi
     return changes
 
 
-def check_inputs(record: dict[str, Any], corpus: list[Path], tokenizer: Path) -> None:
-    """The corpus files and the run's tokenizer.json are those the run started with."""
-    now = _sizes(corpus)
+def check_inputs(record: dict[str, Any], corpus: list[list], tokenizer: Path) -> None:
+    """The input (`corpus`: `run_data.identity`, the text files and their sizes or a prepared set's digest) and the
+    run's tokenizer.json are those the run started with."""
+    now = as_json(corpus)
     if "corpus" in record and record["corpus"] != now:
-        raise CheckpointError(f"--resume: the corpus changed since the run started (files and sizes then: "
-                              f"{record['corpus']}; now: {now})")
+        raise CheckpointError(f"--resume: the corpus changed since the run started (then: {record['corpus']}; "
+                              f"now: {now})")
     if "tokenizer_sha256" in record and file_digest(tokenizer) != record["tokenizer_sha256"]:
         raise CheckpointError(f"--resume: {tokenizer} changed since the run started (its SHA-256 differs from "
                               f"{RUN_FILE}'s)")

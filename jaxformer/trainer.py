@@ -2,45 +2,51 @@
 
 1. `run.prepare`: the output directory (`--out`, or runs/<timestamp>; one run's own) and, with `--resume`, the
    checks of the flags against the run's run.json;
-2. `load_data`: the tokenizer and the MLM + NSP examples (`data.PretrainingData`), every data error before any
-   model work;
+2. `load_data`: the prepared set (`--data DIR`, or the text prepared on the fly into the cache:
+   jaxformer/run_data.py) and its tokenizer, every data error before any model work; then the data loader
+   (`loader.train_batches`), whose worker processes start while the model is built and compiled;
 3. `build_state`: the model, its compiled steps on the device mesh (`steps.Steps`; with `--grad-compression`,
    `compression.CompressedSteps`) and the `TrainState` (restored from the newest checkpoint that verifies, with
    `--resume`);
 4. `loop.run`: the steps, metrics, evaluation, checkpoints and interrupts.
 
-A batch's path to the optimizer: `PretrainingData.train_batches` (numpy rows on the host) -> `Steps.place_batch`
-(device arrays, in a background thread) -> `Steps.train_step` (jaxformer/steps.py: one jit of forward, losses,
-gradients and the optax update of `steps.make_optimizer`) -> the next `TrainState`.
+A batch's path to the optimizer: `loader.train_batches` (this process's rows, read from the shards and masked in
+Grain's worker processes) -> `Steps.place_batch` (device arrays, in a background thread) -> `Steps.train_step`
+(jaxformer/steps.py: one jit of forward, losses, gradients and the optax update of `steps.make_optimizer`) -> the
+next `TrainState`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 
-from . import distributed, loop, run, sharding
+from . import distributed, loop, run, run_data, sharding
 from .compression import make_steps
 from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
-from .data import DataConfig, PretrainingData, builtin_corpus, load_or_train_tokenizer, resolve_paths
 from .loop import Interrupted, TrainingStopped
 from .outputs import CheckpointError, Checkpointer, truncate_metrics
+from .prepared import PreparedSet
 from .steps import Steps, TrainState, build_model
 
 __all__ = ["Interrupted", "TrainingStopped", "build_state", "load_data", "train"]
 
 
-def train(tc: TrainConfig, log: Callable = print) -> dict[str, Any]:
+def train(tc: TrainConfig, log: Callable = print, started: float | None = None) -> dict[str, Any]:
     """Pre-train as `tc` says; returns a summary. User errors raise ValueError before anything is compiled; a
     Ctrl-C before the loop raises KeyboardInterrupt, one in the loop `Interrupted` (after saving a checkpoint).
+    `started`: the `time.perf_counter()` of the process's start (default: now), for the start-up time logged at
+    the first step.
 
     With `tc.resume`, `tc` must agree with the run's run.json on the fields that define the run:
     `run.resumed_config` builds such a config from the flags given again. With several processes
     (jaxformer.distributed) every process calls this with the same `tc`; process 0 alone logs and writes metrics,
     plots, run.json and the tokenizer, and orbax writes each checkpoint once."""
+    started = time.perf_counter() if started is None else started
     interrupts = loop.Interrupts()
     try:
         # Join the other processes first: the mesh check below already asks JAX for its (global) device count.
@@ -56,7 +62,7 @@ def train(tc: TrainConfig, log: Callable = print) -> dict[str, Any]:
             run.check_resume(tc, record, path, log, mesh_cfg)
         output = run.prepare(tc)
         try:
-            return _train(tc, output.path, record, interrupts, log)
+            return _train(tc, output.path, record, interrupts, log, started)
         except BaseException:
             output.remove_if_unused()
             raise
@@ -72,15 +78,15 @@ def _check_mesh(tc: TrainConfig, cfg: BertConfig) -> MeshConfig:
     return mesh_cfg
 
 
-def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.Interrupts",
-           log: Callable) -> dict[str, Any]:
-    corpus = resolve_paths(tc.data if tc.data is not None else builtin_corpus())
+def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.Interrupts", log: Callable,
+           started: float) -> dict[str, Any]:
     ckpt = Checkpointer(out / "checkpoints")
+    batches, at = None, 0
     try:
         if record is not None:  # every check of the resume before any data or model work
             if not (out / "tokenizer.json").is_file():
                 raise CheckpointError(f"--resume: the run's tokenizer {out / 'tokenizer.json'} is missing")
-            run.check_inputs(record, corpus, out / "tokenizer.json")
+            run.check_inputs(record, run_data.identity(tc), out / "tokenizer.json")
             at = ckpt.latest_step()
             if at is None:
                 raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.directory} (the run stopped "
@@ -88,12 +94,13 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
             pieces = run.schedule_pieces(record, tc.steps, at)
         data = load_data(tc, out, log)
         interrupts.check()
-        if record is None:
-            tc = run.resolved(tc, data.vocab_size)
+        if record is None:  # a trained tokenizer's size is not the run's setting (vocab_size is)
+            given = tc.vocab is not None or run_data.prepared_dir(tc.data) is not None
+            tc = run.resolved(tc, data.vocab_size if given else None)
         cfg = tc.model_config(data.vocab_size)
         mesh_cfg = _check_mesh(tc, cfg)
         if record is None:
-            record = run.new_record(tc, cfg, out / "tokenizer.json", corpus, mesh_cfg)
+            record = run.new_record(tc, cfg, out / "tokenizer.json", run_data.identity(tc), mesh_cfg)
             run.write_record(out, record)
             pieces = record["schedule"]
         else:
@@ -101,7 +108,13 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
             if pieces != record["schedule"]:
                 log(f"extending the run from {record['schedule'][-1][1]} to {tc.steps} steps at step {at}: the "
                     "learning rate goes on from its value there down to 0 (docs/training.md)")
+        # The loader first: its worker processes start while the model is built and compiled.
+        block = distributed.batch_block(sharding.batch_sharding(sharding.make_mesh(mesh_cfg)), tc.batch_size)
+        batches = run_data.train_batches(tc, data, block, ckpt, at, log)
         steps, state, start = build_state(cfg, mesh_cfg, tc, ckpt if tc.resume else None, pieces, log)
+        if (start, steps.batch_block) != (at, block):  # an older checkpoint restored (the newest was damaged)
+            batches.close()
+            batches = run_data.train_batches(tc, data, steps.batch_block, ckpt, start, log)
         if tc.resume:
             run.write_record(out, run.resumed_record(record, tc, pieces, mesh_cfg))
             if distributed.is_main():
@@ -110,44 +123,19 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
                     log(f"metrics.jsonl: dropped {dropped} records after step {start} (they are written again)")
         interrupts.check()
         meta = dict(model_config=cfg.to_dict(), train_config=run.as_json(dataclasses.asdict(tc)))
-        summary = loop.run(tc, steps, state, data, ckpt, out, start, meta, interrupts, log)
+        summary = loop.run(tc, steps, state, data, batches, ckpt, out, start, meta, interrupts, log, started)
         return dict(summary, total_steps=pieces[-1][1])
     finally:
+        if batches is not None:
+            batches.close()
         ckpt.close()
 
 
-def load_data(tc: TrainConfig, out: Path, log: Callable = print) -> PretrainingData:
-    """The tokenizer (`--vocab`, the run's own with `--resume`, or trained on the corpus and saved as
-    <out>/tokenizer.json) and the examples of the corpus (`--data`, or the built-in one)."""
-    main = distributed.is_main()
-    paths = tc.data if tc.data is not None else builtin_corpus()
-    if tc.data is None:
-        log(f"data: built-in corpus (Python standard library docs) at {paths}")
-    vocab = out / "tokenizer.json" if tc.resume else tc.vocab
-    tokenizer = None
-    if main or vocab is not None:  # a given vocabulary: every process loads it, process 0 copies it to out/
-        tokenizer = load_or_train_tokenizer(vocab, paths, tc.vocab_size or DEFAULT_VOCAB_SIZE,
-                                            save_dir=out if main else None)
-    if vocab is None:
-        # WordPiece training is not reproducible run to run: process 0 trains, the others load its file.
-        distributed.barrier("jaxformer-tokenizer")
-        if tokenizer is None:
-            tokenizer = load_or_train_tokenizer(out / "tokenizer.json")
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    if tc.vocab is not None and tc.vocab_size is not None and vocab_size != tc.vocab_size:
-        raise ValueError(f"--vocab {tc.vocab} has {vocab_size} tokens but vocab_size={tc.vocab_size} was fixed")
-    data = PretrainingData(DataConfig(paths=paths, seq_len=tc.seq_len, max_predictions_per_seq=tc.max_predictions,
-                                      seed=tc.seed), tokenizer)
-    skipped = {"lines with undecodable bytes": data.stats.undecodable_lines,
-               ".jsonl lines that are not JSON objects with a string \"text\"": data.stats.malformed_lines,
-               "lines over 8 MiB": data.stats.overlong_lines}
-    for what, count in skipped.items():
-        if count:
-            log(f"data: skipped {count} {what}")
-    steps_per_epoch = data.steps_per_epoch(tc.batch_size)  # DataError if the corpus cannot fill one batch
-    log(f"data: {data.num_train_examples} training / {data.num_eval_examples} eval examples "
-        f"({steps_per_epoch} steps per epoch), vocab {vocab_size}, seq_len {tc.seq_len}")
-    return data
+def load_data(tc: TrainConfig, out: Path, log: Callable = print) -> PreparedSet:
+    """The run's prepared set (`--data DIR`, or the text of `--data` or the built-in corpus prepared on the fly into
+    the cache: jaxformer/run_data.py) and its tokenizer in <out>/tokenizer.json (`--vocab`, the prepared set's, the
+    run's own with `--resume`, or one trained on the text)."""
+    return run_data.load(tc, out, log)
 
 
 def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Checkpointer | None = None,

@@ -1,4 +1,5 @@
-"""Tests for jaxformer.data (BERT MLM + NSP pre-training data)."""
+"""Tests for BERT MLM + NSP pre-training data: corpus reading, the tokenizer, and the examples that a prepared set
+(jaxformer.prepare) and the loader (jaxformer.loader) make of a corpus."""
 import json
 import os
 import random
@@ -10,9 +11,11 @@ import numpy as np
 import pytest
 
 import jaxformer.corpus as corpus_module
-from jaxformer.data import (SPECIAL_TOKENS, CorpusStats, DataConfig, DataError, PretrainingData,
-                            Prefetcher, builtin_corpus, iter_documents, load_or_train_tokenizer,
-                            special_token_ids, split_sentences)
+from jaxformer import loader
+from jaxformer.data import (SPECIAL_TOKENS, CorpusStats, DataConfig, DataError, Prefetcher, builtin_corpus,
+                            iter_documents, load_or_train_tokenizer, special_token_ids, split_sentences)
+from jaxformer.prepare import prepare
+from jaxformer.prepared import PreparedSet
 
 SEQ_LEN = 32
 N_SPECIAL = len(SPECIAL_TOKENS)
@@ -51,12 +54,23 @@ def tok(corpus):
 
 @pytest.fixture(scope="module")
 def config(corpus):
-    return DataConfig(paths=str(corpus.path), seq_len=SEQ_LEN, eval_fraction=0.1, seed=7)
+    return DataConfig(paths=str(corpus.path), seq_len=SEQ_LEN, eval_fraction=0.1, seed=7, vocab=str(corpus.vocab))
+
+
+def prepared(config, tok, out) -> PreparedSet:
+    prepare(config, out, workers=0, progress=False, log=lambda *a: None)
+    return PreparedSet(out, seq_len=config.seq_len, tokenizer=tok)
 
 
 @pytest.fixture(scope="module")
-def data(config, tok):
-    return PretrainingData(config, tok)
+def data(config, tok, tmp_path_factory):
+    return prepared(config, tok, tmp_path_factory.mktemp("prepared"))
+
+
+def train_batches(data, batch_size, n, start=0, seed=7):
+    """Batches start .. start + n - 1 of the loader (seed 7: `config`'s, which made the pairs)."""
+    with loader.train_batches(data, batch_size, seed, start_step=start, workers=0) as it:
+        return [next(it) for _ in range(n)]
 
 
 def unmask(batch):
@@ -78,8 +92,8 @@ def segments(batch):
 
 
 def epoch_batches(data, batch_size, epoch=0):
-    spe = data.steps_per_epoch(batch_size)
-    return [data.train_batch(s, batch_size) for s in range(epoch * spe, (epoch + 1) * spe)]
+    spe = loader.steps_per_epoch(data, batch_size)
+    return train_batches(data, batch_size, spe, start=epoch * spe)
 
 
 def assert_same_batch(a, b):
@@ -218,9 +232,9 @@ def test_config_validation():
     assert DataConfig().max_predictions == 20 and DataConfig(seq_len=512).max_predictions == 77
 
 
-def test_batch_shapes_dtypes_and_layout(data, tok):
-    batch = data.train_batch(0, 16)
-    p = data.config.max_predictions
+def test_batch_shapes_dtypes_and_layout(data, tok, config):
+    (batch,) = train_batches(data, 16, 1)
+    p = config.max_predictions
     expected = {"input_ids": ((16, SEQ_LEN), np.int32), "token_type_ids": ((16, SEQ_LEN), np.int32),
                 "attention_mask": ((16, SEQ_LEN), np.int32), "masked_positions": ((16, p), np.int32),
                 "masked_labels": ((16, p), np.int32), "masked_weights": ((16, p), np.float32),
@@ -242,15 +256,14 @@ def test_batch_shapes_dtypes_and_layout(data, tok):
         assert (batch["masked_positions"][row, n:] == 0).all() and (batch["masked_labels"][row, n:] == 0).all()
 
 
-def test_masking_statistics(data, tok):
+def test_masking_statistics(data, tok, config):
     sp = special_token_ids(tok)
-    batches = [data.train_batch(step, 64) for step in range(40)]
     eligible = masked = n_mask = n_same = n_random = 0
-    for batch in batches:
+    for batch in train_batches(data, 64, 40):
         length = batch["attention_mask"].sum(1)
         weights = batch["masked_weights"] > 0
         # Exactly round(15%) of the non-special tokens, at least 1, at most max_predictions.
-        expected = np.clip(np.rint((length - 3) * 0.15), 1, data.config.max_predictions)
+        expected = np.clip(np.rint((length - 3) * 0.15), 1, config.max_predictions)
         np.testing.assert_array_equal(weights.sum(1), expected)
         eligible += int((length - 3).sum())
         masked += int(weights.sum())
@@ -274,7 +287,7 @@ def test_masking_statistics(data, tok):
 
 def test_masked_labels_are_the_original_tokens(data):
     checked = 0
-    for batch in [data.train_batch(step, 64) for step in range(5)] + data.eval_batches(64):
+    for batch in train_batches(data, 64, 5) + loader.eval_batches(data, 64, seed=7):
         for a, b, _ in segments(batch):
             # Each segment is contiguous text, i.e. consecutive word numbers; a wrong label at a
             # masked position would break the run.
@@ -300,14 +313,19 @@ def test_nsp_balance_and_is_next_is_consecutive_text(data, corpus):
     assert exact > 0.6 * (labels == 0).sum()  # the rest lost tokens to truncation at the seam
 
 
-def test_determinism_and_seed(data, config, tok):
-    same = PretrainingData(config, tok)
-    for step in (0, 1, 7):
-        assert_same_batch(data.train_batch(step, 16), same.train_batch(step, 16))
-    for a, b in zip(data.eval_batches(16), same.eval_batches(16)):
-        assert_same_batch(a, b)
-    other = PretrainingData(DataConfig(**{**config.__dict__, "seed": 8}), tok)
-    assert not np.array_equal(data.train_batch(0, 16)["input_ids"], other.train_batch(0, 16)["input_ids"])
+def test_pairs_are_a_function_of_the_pair_seed(data, config, tok, tmp_path):
+    """The same corpus and seed prepare the same rows; another seed other NSP pairs (same documents and eval
+    split)."""
+    same = prepared(config, tok, tmp_path / "same")
+    other = prepared(DataConfig(**{**config.__dict__, "seed": 8}), tok, tmp_path / "other")
+    for split in ("train", "eval"):
+        rows = np.arange(len(data.rows[split]))
+        assert same.rows[split].read(rows).tobytes() == data.rows[split].read(rows).tobytes()
+    assert (same.pair_seed, other.pair_seed) == (7, 8)
+    assert data.manifest["counts"]["documents"] == other.manifest["counts"]["documents"]
+    n = min(data.num_train_examples, other.num_train_examples)
+    assert not np.array_equal(data.rows["train"].read(np.arange(n))["ids"],
+                              other.rows["train"].read(np.arange(n))["ids"])
 
 
 def test_fresh_masking_and_order_each_epoch(data):
@@ -325,68 +343,45 @@ def test_fresh_masking_and_order_each_epoch(data):
 
 
 def test_start_step_resumes_at_the_same_batch(data):
-    spe = data.steps_per_epoch(16)
-    it = data.train_batches(16)
-    run = [next(it) for _ in range(spe + 3)]
+    spe = loader.steps_per_epoch(data, 16)
+    run = train_batches(data, 16, spe + 3)
     for start in (3, spe + 1):
-        resumed = data.train_batches(16, start_step=start)
-        assert_same_batch(next(resumed), run[start])
-        assert_same_batch(next(resumed), run[start + 1])
-    with Prefetcher(data.train_batches(16, start_step=spe - 1), depth=2) as pre:
+        resumed = train_batches(data, 16, 2, start=start)
+        assert_same_batch(resumed[0], run[start])
+        assert_same_batch(resumed[1], run[start + 1])
+    with loader.train_batches(data, 16, 7, start_step=spe - 1, workers=0) as it, Prefetcher(it, depth=2) as pre:
         for expected in run[spe - 1:spe + 2]:
             assert_same_batch(next(pre), expected)
-
-
-def test_process_sharding_slices_the_global_batch(data):
-    full = data.train_batch(5, 16)
-    parts = [data.train_batch(5, 16, process_index=i, process_count=4) for i in range(4)]
-    assert all(len(p["nsp_labels"]) == 4 for p in parts)
-    assert_same_batch(full, {k: np.concatenate([p[k] for p in parts]) for k in full})
-    it = data.train_batches(16, start_step=5, process_index=1, process_count=4)
-    assert_same_batch(next(it), parts[1])
-    with pytest.raises(DataError, match="process_count=3"):
-        data.train_batch(0, 16, process_index=0, process_count=3)
 
 
 def test_eval_split_is_disjoint_and_fixed(data, corpus):
     train_docs = {int(corpus.doc_of[w]) for batch in epoch_batches(data, 16)
                   for a, b, _ in segments(batch) for w in (*a, *b)}
-    batches = data.eval_batches(16)
+    batches = loader.eval_batches(data, 16, seed=7)
     assert len(batches) == -(-data.num_eval_examples // 16)
     assert all(b["input_ids"].shape == (16, SEQ_LEN) for b in batches)
     eval_docs = {int(corpus.doc_of[w]) for batch in batches for a, b, _ in segments(batch) for w in (*a, *b)}
     assert len(eval_docs) >= 2 and not eval_docs & train_docs
     assert len(train_docs) > 0.8 * corpus.n_docs
-    for a, b in zip(batches, data.eval_batches(16)):
+    for a, b in zip(batches, loader.eval_batches(data, 16, seed=7)):
         assert_same_batch(a, b)
 
 
-def test_most_frequent_token_baseline(data, tok):
-    (batch,) = data.eval_batches(data.num_eval_examples)
+def test_most_frequent_token_baseline(data):
+    (batch,) = loader.eval_batches(data, data.num_eval_examples, seed=7)
     labels = batch["masked_labels"][batch["masked_weights"] > 0]
-    assert data.most_frequent_token_baseline == pytest.approx(np.bincount(labels).max() / len(labels))
-    assert 0.0 < data.most_frequent_token_baseline < 0.5
+    baseline = loader.most_frequent_token_baseline(data, seed=7)
+    assert baseline == pytest.approx(np.bincount(labels).max() / len(labels))
+    assert 0.0 < baseline < 0.5
 
 
-def test_too_small_corpus_errors(data, config, tok, tmp_path):
-    n = data.num_train_examples
-    with pytest.raises(DataError, match=f"made {n} training examples, fewer than one batch of batch_size={n + 1}"):
-        data.train_batches(n + 1)
-    small = tmp_path / "small.txt"
-    small.write_text("w1 w2\n\nw3 w4\n\nw5 w6\n")
-    with pytest.raises(DataError, match="has 3 non-empty documents; need at least 4"):
-        PretrainingData(DataConfig(paths=small, seq_len=SEQ_LEN), tok)
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    with pytest.raises(DataError, match="contains no sentences"):
-        PretrainingData(DataConfig(paths=empty, seq_len=SEQ_LEN), tok)
-
-
-def test_literal_special_tokens_in_text_are_not_structure(tmp_path, tok):
+def test_literal_special_tokens_in_text_are_not_structure(tmp_path, tok, corpus):
     path = tmp_path / "c.txt"
     path.write_text("\n\n".join(f"w{i} [SEP] w{i + 1}\nw{i + 2} [MASK] [CLS]" for i in range(0, 80, 3)))
-    data = PretrainingData(DataConfig(paths=path, seq_len=16, eval_fraction=0.2), tok)
-    batch = data.train_batch(0, 8)
+    data = prepared(DataConfig(paths=str(path), seq_len=16, eval_fraction=0.2, vocab=str(corpus.vocab)), tok,
+                    tmp_path / "p")
+    with loader.train_batches(data, 8, workers=0) as it:
+        batch = next(it)
     seps = (unmask(batch) == special_token_ids(tok).sep).sum(1)
     assert (seps == 2).all()
 
@@ -462,11 +457,13 @@ def test_builtin_corpus_is_deterministic(builtin, tmp_path):
     assert builtin_corpus(tmp_path).read_bytes() == builtin.path.read_bytes()
 
 
-def test_from_config_on_builtin_corpus(builtin, tmp_path):
-    data = PretrainingData.from_config(DataConfig(cache_dir=builtin.cache, vocab_size=4000, seq_len=64),
-                                       tokenizer_dir=tmp_path / "tok")
-    assert (tmp_path / "tok" / "tokenizer.json").is_file()
+def test_prepared_builtin_corpus(builtin, tmp_path):
+    config = DataConfig(cache_dir=builtin.cache, vocab_size=4000, seq_len=64)
+    prepare(config, tmp_path / "p", workers=0, progress=False, log=lambda *a: None)
+    data = PreparedSet(tmp_path / "p", seq_len=64)
+    assert (tmp_path / "p" / "tokenizer.json").is_file() and data.vocab_size <= 4000
     assert data.num_train_examples > 5000 and data.num_eval_examples > 50
-    batch = data.train_batch(0, 32)
+    with loader.train_batches(data, 32, workers=0) as it:
+        batch = next(it)
     assert batch["input_ids"].shape == (32, 64) and batch["masked_weights"].sum() >= 32
-    assert 0.0 < data.most_frequent_token_baseline < 0.2
+    assert 0.0 < loader.most_frequent_token_baseline(data) < 0.2

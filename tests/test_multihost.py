@@ -47,7 +47,7 @@ def _args(corpus, vocab, out, *extra):
     return ["--data", str(corpus), "--vocab", str(vocab), "--out", str(out), "--seq-len", "32", "--batch-size", "8",
             "--steps", "4", "--log-every", "1", "--eval-every", "2", "--save-every", "100", "--eval-batches", "2",
             "--warmup-steps", "1", "--dropout", "0", "--dtype", "float32", "--kernels", "xla", "--mesh", "data=8",
-            "--no-progress", *extra]
+            "--data-workers", "0", "--no-progress", *extra]
 
 
 def _free_port() -> int:
@@ -60,9 +60,12 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_processes_train_like_one(tmp_path, clean_env):
+def test_two_processes_train_like_one(tmp_path, clean_env, monkeypatch):
     corpus, vocab = _inputs(tmp_path)
     multi, single = tmp_path / "multi", tmp_path / "single"
+    # Each process has a cache of its own (as on hosts that share none): process 1 prepares its own copy of the
+    # corpus, which must be the same bytes as process 0's.
+    monkeypatch.setenv("JAXFORMER_CACHE_DIR", str(tmp_path / "cache0"))
     env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
     # 4 CPU devices per process (the parent's 8-device XLA flag, if conftest fell back to it, must not leak in).
     env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4", PYTHONUNBUFFERED="1",
@@ -71,7 +74,8 @@ def test_two_processes_train_like_one(tmp_path, clean_env):
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *_args(corpus, vocab, multi),
                                "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=ROOT, env=dict(env, JAXFORMER_CACHE_DIR=str(tmp_path / f"cache{i}")),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in (0, 1)]
     try:
         outputs = [p.communicate(timeout=300) for p in procs]
@@ -85,6 +89,10 @@ def test_two_processes_train_like_one(tmp_path, clean_env):
     assert "on 8 cpu device(s), mesh data=8" in outputs[0][0]
     assert "== done ==" in outputs[0][0] and "== done ==" not in outputs[1][0]
     assert "data:" not in outputs[1][0] and "model:" not in outputs[1][0]  # process 1 logs nothing
+    (set0,), (set1,) = ([p for p in (tmp_path / f"cache{i}" / "prepared").iterdir() if p.is_dir()] for i in (0, 1))
+    assert set0.name == set1.name
+    assert [(p.name, p.read_bytes()) for p in sorted(set0.glob("*.npy"))] == \
+        [(p.name, p.read_bytes()) for p in sorted(set1.glob("*.npy"))]
 
     # The reference: this process, 8 devices (conftest), one process, the same flags.
     assert cli.main(_args(corpus, vocab, single)) == 0

@@ -1,5 +1,5 @@
-"""Prepared pre-training data (jaxformer.prepare, jaxformer.prepared, jaxformer.loader) against the in-memory path
-(jaxformer.data.PretrainingData): same examples, order and resume, process blocks, resumable preparation, errors."""
+"""Prepared pre-training data (jaxformer.prepare, jaxformer.prepared, jaxformer.loader) against a plain sequential
+reading of the corpus: same examples, order and resume, process blocks, resumable preparation, errors."""
 import json
 import random
 import re
@@ -9,11 +9,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
+import jaxformer.corpus as corpus_module
 import jaxformer.prepare as prep
-from jaxformer import loader
-from jaxformer.data import (SPECIAL_TOKENS, CorpusStats, DataConfig, DataError, PretrainingData, iter_documents,
-                            load_or_train_tokenizer)
+from jaxformer import examples, loader
+from jaxformer.data import (SPECIAL_TOKENS, CorpusStats, DataConfig, DataError, iter_documents,
+                            load_or_train_tokenizer, special_token_ids)
 from jaxformer.prepared import MANIFEST, PreparedSet
 
 SEQ_LEN, SEED = 32, 7
@@ -67,8 +69,45 @@ def numbered(tmp_path_factory):
     out = root / "prepared"
     manifest = prep.prepare(config, out, workers=0, rows_per_shard=150, chunk_bytes=2000, progress=False,
                             log=lambda *a: None)
-    return SimpleNamespace(config=config, tok=tok, out=out, manifest=manifest, memory=PretrainingData(config, tok),
-                           data=PreparedSet(out, seq_len=SEQ_LEN, tokenizer=tok))
+    return SimpleNamespace(config=config, tok=tok, out=out, manifest=manifest, data=PreparedSet(out, SEQ_LEN, tok))
+
+
+def sequential(config: DataConfig, tok: Tokenizer) -> SimpleNamespace:
+    """Both splits' rows from a plain sequential reading of the corpus (``iter_documents``, each document's sentences
+    tokenized together) and the shared example logic (jaxformer/examples.py): what the chunked, parallel
+    preparation must equal, row for row."""
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.encode_special_tokens = True  # literal "[SEP]" in the text is text
+    stats, tokens, sent_lens, doc_sizes = CorpusStats(), [], [], []
+    for doc in iter_documents(config.paths, stats):
+        ids = [x for x in (e.ids for e in tok.encode_batch(doc, add_special_tokens=False)) if x]
+        if ids:
+            sent_lens += map(len, ids)
+            doc_sizes.append(len(ids))
+            tokens += [t for x in ids for t in x]
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    tokens = np.array(tokens, examples.token_dtype(vocab))
+    sent_starts, doc_starts = np.cumsum([0, *sent_lens]), np.cumsum([0, *doc_sizes])
+    is_eval = examples.eval_documents(len(doc_sizes), config.eval_fraction)
+    rng, rows, special = random.Random(config.seed), {}, special_token_ids(tok)
+    for split, docs in (("train", ~is_eval), ("eval", is_eval)):
+        pairs = examples.make_pairs(sent_starts, doc_starts, np.flatnonzero(docs), rng, config.seq_len,
+                                    config.short_seq_prob)
+        rows[split] = examples.assemble_rows(tokens, pairs, config.seq_len, special,
+                                             examples.row_dtype(config.seq_len, tokens.dtype))
+    random_ids = examples.random_replacement_ids(vocab, special, tok.get_added_tokens_decoder())
+
+    def masked(split: str, index, epoch: int) -> dict:  # the loader's masking of rows `index` of `split`
+        index = np.asarray(index)
+        return examples.masked_batch(rows[split][index], index, (config.seed, epoch), special, random_ids, 0.15,
+                                     config.max_predictions)
+    return SimpleNamespace(rows=rows, stats=stats, tokens=len(tokens), masked=masked)
+
+
+def assert_same_rows(data: PreparedSet, reference: SimpleNamespace) -> None:
+    for split in ("train", "eval"):
+        got = data.rows[split].read(np.arange(len(data.rows[split])))
+        assert got.tobytes() == reference.rows[split].tobytes(), split
 
 
 def assert_same_batch(a, b):
@@ -94,71 +133,76 @@ def quiet(*args, **kwargs):
 
 # ----------------------------------------------------------------------------- reading and preparing
 @pytest.mark.parametrize("chunk_bytes", [1, 37, 500, 10**9])
-def test_byte_ranges_read_the_documents_of_the_whole_file(tmp_path, chunk_bytes):
-    for path in write_prose(tmp_path):
+def test_byte_ranges_read_the_documents_of_the_whole_file(tmp_path, monkeypatch, chunk_bytes):
+    monkeypatch.setattr(corpus_module, "MAX_LINE_BYTES", 64)  # lines over it are skipped (and counted)
+    monkeypatch.setattr(prep, "MAX_LINE_BYTES", 64)
+    long = tmp_path / "long.txt"
+    long.write_text("First doc.\n" + "x" * 64 + "\n" + "y" * 200 + "\nstill first.\n\n" + "z" * 150 + "\n\nLast doc.\n"
+                    + "w" * 100)
+    for path in [*write_prose(tmp_path), long]:
         want_stats = CorpusStats()
         want = list(iter_documents(path, want_stats))
-        stats = dict(undecodable_lines=0, malformed_lines=0)
+        stats = CorpusStats()
         got, ranges = [], prep.byte_ranges(path, chunk_bytes)
         assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
         assert all(a < b and b == c for (a, b), (c, _) in zip(ranges, ranges[1:] + [(ranges[-1][1], 0)]))
-        with open(path, "rb") as f:
-            for a, b in ranges:
-                f.seek(a)
-                got += prep.range_documents(f.read(b - a), path.suffix == ".jsonl", stats)
+        for a, b in ranges:
+            got += corpus_module.iter_file_documents(path, stats, a, b)
         assert got == want
-        assert (stats["undecodable_lines"], stats["malformed_lines"]) == (want_stats.undecodable_lines,
-                                                                          want_stats.malformed_lines)
+        assert (stats.undecodable_lines, stats.malformed_lines, stats.overlong_lines) == \
+            (want_stats.undecodable_lines, want_stats.malformed_lines, want_stats.overlong_lines)
         if chunk_bytes == 37:
-            assert len(ranges) > 5
+            assert len(ranges) > (2 if path == long else 5)
+        if path == long:
+            assert want == [["First doc.", "x" * 64, "still first."], ["Last doc."]]
+            assert want_stats.overlong_lines == 3
 
 
-def test_prepared_examples_equal_the_in_memory_path(numbered):
-    memory, data = numbered.memory, numbered.data
-    assert (data.num_train_examples, data.num_eval_examples) == (memory.num_train_examples, memory.num_eval_examples)
+def test_prepared_rows_equal_a_sequential_reading(numbered):
+    data, reference = numbered.data, sequential(numbered.config, numbered.tok)
     assert len(numbered.manifest["shards"]["train"]) > 2  # several shards were read
-    # With batch size 1 an epoch visits every example once, masked with (seed, epoch, example): the epochs of both
-    # paths hold the same masked examples (in different orders: the loader's is Grain's shuffle).
-    n = memory.num_train_examples
+    assert_same_rows(data, reference)
+    # With batch size 1 an epoch visits every example once, masked with (seed, epoch, example): the loader's epoch
+    # holds the reference rows masked so (in Grain's shuffled order).
+    n = data.num_train_examples
     with loader.train_batches(data, 1, seed=SEED, workers=0) as it:
         prepared = sorted(r for b in take(it, n) for r in rows_of(b))
-    in_memory = sorted(r for s in range(n) for r in rows_of(memory.train_batch(s, 1)))
-    assert prepared == in_memory
-    for a, b in zip(memory.eval_batches(16), loader.eval_batches(data, 16, seed=SEED), strict=True):
-        assert_same_batch(a, b)
-    assert loader.most_frequent_token_baseline(data, seed=SEED) == memory.most_frequent_token_baseline
+    assert prepared == sorted(rows_of(reference.masked("train", np.arange(n), 0)))
+    n_eval = data.num_eval_examples
+    wrapped = np.arange(-(-n_eval // 16) * 16) % n_eval  # the last batch topped up from the first examples
+    for i, batch in enumerate(loader.eval_batches(data, 16, seed=SEED)):
+        assert_same_batch(batch, reference.masked("eval", wrapped[16 * i:16 * (i + 1)], examples.EVAL_EPOCH))
+    labels = reference.masked("eval", np.arange(n_eval), examples.EVAL_EPOCH)
+    labels = labels["masked_labels"][labels["masked_weights"] > 0]
+    assert loader.most_frequent_token_baseline(data, seed=SEED) == np.bincount(labels).max() / len(labels)
 
 
-def test_prepared_with_a_trained_tokenizer_in_worker_processes_equals_the_in_memory_path(tmp_path):
+def test_prepared_with_a_trained_tokenizer_in_worker_processes_equals_a_sequential_reading(tmp_path):
     files = write_prose(tmp_path)
     config = DataConfig(paths=[str(f) for f in files], seq_len=24, eval_fraction=0.1, seed=3, vocab_size=120)
     manifest = prep.prepare(config, tmp_path / "p", workers=2, rows_per_shard=64, chunk_bytes=300, progress=False,
                             log=quiet)
     data = PreparedSet(tmp_path / "p")
-    memory = PretrainingData(config, data.tokenizer)
-    counts, stats = manifest["counts"], memory.stats
+    reference = sequential(config, data.tokenizer)
+    counts, stats = manifest["counts"], reference.stats
     assert (counts["files"], counts["documents"], counts["sentences"], counts["tokens"]) == \
-        (stats.files, stats.documents, stats.sentences, stats.tokens)
+        (stats.files, stats.documents, stats.sentences, reference.tokens)
     assert (counts["undecodable_lines"], counts["malformed_lines"]) == (1, 9)
     assert counts["undecodable_lines"] == stats.undecodable_lines and counts["malformed_lines"] == stats.malformed_lines
-    assert data.num_train_examples == memory.num_train_examples
-    n = memory.num_train_examples
-    with loader.train_batches(data, 1, seed=3, workers=0) as it:
-        assert sorted(r for b in take(it, n) for r in rows_of(b)) == \
-            sorted(r for s in range(n) for r in rows_of(memory.train_batch(s, 1)))
-    for a, b in zip(memory.eval_batches(8), loader.eval_batches(data, 8, seed=3), strict=True):
-        assert_same_batch(a, b)
+    assert_same_rows(data, reference)
 
 
 # ----------------------------------------------------------------------------- the loader
 def test_batches_format_seed_and_epochs(numbered):
-    data, memory = numbered.data, numbered.memory
+    data, p = numbered.data, numbered.config.max_predictions
     with loader.train_batches(data, 16, seed=SEED, workers=0) as it:
         first = take(it, 3)
-    reference = memory.train_batch(0, 16)
     for batch in first:
-        assert {k: (v.dtype, v.shape) for k, v in batch.items()} == \
-            {k: (v.dtype, v.shape) for k, v in reference.items()}
+        assert {k: (v.dtype, v.shape) for k, v in batch.items()} == {
+            "input_ids": (np.int32, (16, SEQ_LEN)), "token_type_ids": (np.int32, (16, SEQ_LEN)),
+            "attention_mask": (np.int32, (16, SEQ_LEN)), "masked_positions": (np.int32, (16, p)),
+            "masked_labels": (np.int32, (16, p)), "masked_weights": (np.float32, (16, p)),
+            "nsp_labels": (np.int32, (16,))}
     with loader.train_batches(data, 16, seed=SEED, workers=0) as it:
         for a, b in zip(first, take(it, 3)):
             assert_same_batch(a, b)

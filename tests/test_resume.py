@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12
 FLAGS = ["--seq-len", "16", "--batch-size", "8", "--vocab-size", "64", "--steps", str(STEPS), "--warmup-steps", "2",
          "--log-every", "1", "--eval-every", "4", "--eval-batches", "1", "--save-every", "1", "--dropout", "0",
-         "--no-progress"]
+         "--data-workers", "0", "--no-progress"]
 TIMING = ("seq_per_s", "data_wait_s")  # wall-clock fields of a metrics record
 
 

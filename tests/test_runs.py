@@ -30,7 +30,7 @@ def tokenizer_cache(tmp_path_factory, monkeypatch):
 def args(corpus, out, *extra):
     return ["--data", str(corpus), "--out", str(out), "--seq-len", "16", "--batch-size", "8", "--vocab-size", "64",
             "--steps", "4", "--warmup-steps", "1", "--log-every", "1", "--eval-every", "100", "--save-every", "2",
-            "--eval-batches", "1", "--dropout", "0", "--no-progress", *extra]
+            "--eval-batches", "1", "--dropout", "0", "--data-workers", "0", "--no-progress", *extra]
 
 
 def expect_error(capsys, argv, *needles):

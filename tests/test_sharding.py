@@ -266,7 +266,8 @@ def test_cli_bad_mesh_exits_2(tmp_path, capsys):
     assert "num_attention_heads=2 is not divisible by tensor=4" in capsys.readouterr().err  # tiny has 2 heads
 
 
-def test_cli_tensor_parallel_matches_data_parallel(tmp_path):
+def test_cli_tensor_parallel_matches_data_parallel(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFORMER_CACHE_DIR", str(tmp_path / "cache"))
     rng = np.random.RandomState(0)
     words = "the cat dog bird sees likes a red blue small big house tree river walks runs over and".split()
     corpus = tmp_path / "corpus.txt"
@@ -274,7 +275,8 @@ def test_cli_tensor_parallel_matches_data_parallel(tmp_path):
                                   for _ in range(30)))
     common = ["--data", str(corpus), "--seq-len", "32", "--batch-size", "8", "--vocab-size", "64", "--steps", "2",
               "--log-every", "1", "--eval-every", "2", "--save-every", "2", "--eval-batches", "1",
-              "--warmup-steps", "1", "--dropout", "0", "--dtype", "float32", "--kernels", "xla", "--no-progress"]
+              "--warmup-steps", "1", "--dropout", "0", "--dtype", "float32", "--kernels", "xla", "--data-workers", "0",
+              "--no-progress"]
     losses, vocab = {}, []
     for mesh in ("data=8", "data=4,tensor=2"):  # tiny has 2 heads: tensor=2 is the most it takes
         out = tmp_path / mesh.replace(",", "_").replace("=", "")

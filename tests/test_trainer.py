@@ -67,7 +67,7 @@ def stop_after(monkeypatch, step):
 def args(corpus, out, *extra):
     return ["--data", str(corpus), "--out", str(out), "--seq-len", "32", "--batch-size", "8",
             "--vocab-size", "64", "--steps", "6", "--log-every", "1", "--eval-every", "3", "--save-every", "3",
-            "--eval-batches", "2", "--warmup-steps", "2", "--no-progress", *extra]
+            "--eval-batches", "2", "--warmup-steps", "2", "--data-workers", "0", "--no-progress", *extra]
 
 
 def metrics(out):
@@ -99,14 +99,15 @@ def test_cli_writes_metrics_checkpoints_plot(corpus, tmp_path, capsys):
 
 def test_resume_continues_identically(corpus, tmp_path, monkeypatch, capsys):
     """The losses after a resume (given only --out) equal the uninterrupted run's, step for step, dropout included
-    (its key is part of the checkpointed state)."""
+    (its key is part of the checkpointed state). The resumed start reads its batches in Grain's worker processes
+    (the default), the others in threads: the loader's stream is the same, from the state saved in the checkpoint."""
     full, part = tmp_path / "full", tmp_path / "part"
     assert cli.main(args(corpus, full, "--dropout", "0.1")) == 0
     with monkeypatch.context() as m:
         stop_after(m, 3)
         assert cli.main(args(corpus, part, "--dropout", "0.1")) == 130
     assert "continue with: python train.py --out" in capsys.readouterr().err
-    assert cli.main(["--out", str(part), "--resume"]) == 0
+    assert cli.main(["--out", str(part), "--resume", "--data-workers", "2"]) == 0
     a = {r["step"]: r["loss"] for r in metrics(full) if "loss" in r}
     b = {r["step"]: r["loss"] for r in metrics(part) if "loss" in r}
     assert sorted(b) == [1, 2, 3, 4, 5, 6]
