@@ -4,7 +4,8 @@ It runs inside a `shard_map` that is manual over the compressed axis (`Compresse
 holds its own local gradient: the gradient of its shard of the batch, normalised so that the ranks' gradients sum to
 the global one. It returns the summed sparse update, the same on every rank, and chains with any optimizer:
 `optax.chain(sparse_allreduce(...), optimizer)`. Other mesh axes (tensor, pipeline, fsdp) stay with GSPMD: the
-transform enters a second `shard_map` over them, so each device selects from and exchanges only its own shards.
+transform enters a second `shard_map` over them (a vmap over the shards of those before it in mesh order), so each
+device selects from and exchanges only its own shards.
 
 Per rank and per parameter it keeps the residual (error feedback: what it did not send, added to the next step's
 gradient; Lin et al. 2018, DGC) and, with `momentum`, DGC's momentum (section 3.2, momentum correction and factor
@@ -124,21 +125,62 @@ def sparse_allreduce(config: CompressionConfig, mesh, specs=None, stacked=None, 
         dev = (state.thresholds, state.gather_threshold, state.boundaries)
         body = lambda *a: _local(*a, config=config, stacked=stacked_leaves, density=density, dtype=dtype,  # noqa
                                  ranks=ranks)
+        # Each device works on its own shards of the other axes. XLA's Shardy export wants nested manual axes in mesh
+        # order, so the axes before `axis` (pipeline) are mapped over with vmap; those after it are made manual.
+        order = list(mesh.axis_names)
         manual = [a for a in others if sizes[a] > 1]
-        if manual:  # each device works on its own shards of the other axes
-            dev_spec = P(None, *[a if sizes[a] > 1 else None for a in others])
-            leaf_specs = list(spec_leaves)
-            rank_specs = [P(None, *s) for s in spec_leaves]
+        staged = [a for a in manual if order.index(a) < order.index(axis)]
+        inner = [a for a in manual if a not in staged]
+        for a in staged:
+            body = _over_stages(body, [_dim_of(sp, a) for sp in spec_leaves], sizes[a], 1 + others.index(a),
+                                len(mom))
+        if inner:
+            keep = lambda spec: P(*[None if d in staged else d for d in spec])  # noqa: E731
+            dev_spec = P(None, *[a if a in inner else None for a in others])
+            leaf_specs = [keep(sp) for sp in spec_leaves]
+            rank_specs = [P(None, *sp) for sp in leaf_specs]
             body = jax.shard_map(body, in_specs=(leaf_specs, rank_specs, rank_specs[:len(mom)], (dev_spec,) * 3,
                                                  P(), P()),
                                  out_specs=(leaf_specs, rank_specs, rank_specs[:len(mom)], (dev_spec,) * 4),
-                                 axis_names=set(manual), check_vma=False)
+                                 axis_names=set(inner), check_vma=False)
         updates, res, mom, (thr, thr2, bounds, stats) = body(leaves, res, mom, dev, state.count, scale)
         return treedef.unflatten(updates), SparseAllReduceState(
             state.count + 1, treedef.unflatten(res), treedef.unflatten(mom) if config.momentum else (),
             thr, thr2, bounds, stats)
 
     return optax.GradientTransformation(init, update)
+
+
+def _dim_of(spec, axis: str) -> int | None:
+    """The dimension that `spec` splits over `axis` (None: not split over it)."""
+    for d, entry in enumerate(spec):
+        if entry == axis:
+            return d
+        if isinstance(entry, tuple) and axis in entry:
+            raise ValueError(f"a parameter split over {entry!r} in one dimension: compression maps over {axis!r} "
+                             f"only where it splits a dimension alone")
+    return None
+
+
+def _over_stages(body, dims, n: int, dev_dim: int, n_mom: int):
+    """`body` run for each of the `n` shards of an axis that splits leaf dimension `dims[i]` (None: a leaf replicated
+    over it) and the per-device arrays' dimension `dev_dim`: one vmap over those shards."""
+    rank_dims = [None if d is None else d + 1 for d in dims]
+    split = lambda x, d: x if d is None else x.reshape(*x.shape[:d], n, x.shape[d] // n, *x.shape[d + 1:])  # noqa
+    merge = lambda x, d: x.reshape(*x.shape[:d], -1, *x.shape[d + 2:])  # noqa: E731
+    # A replicated leaf comes out once per shard (all alike but for the exchange's overflow): shard 0's is kept.
+    out_dims = [0 if d is None else d for d in dims]
+    out_rank = [0 if d is None else d for d in rank_dims]
+
+    def run(grads, res, mom, dev, count, scale):
+        args = ([split(g, d) for g, d in zip(grads, dims)], [split(r, d) for r, d in zip(res, rank_dims)],
+                [split(u, d) for u, d in zip(mom, rank_dims)], dev, count, scale)
+        u, r, m, dv = jax.vmap(body, in_axes=(dims, rank_dims, rank_dims[:n_mom], (dev_dim,) * 3, None, None),
+                               out_axes=(out_dims, out_rank, out_rank[:n_mom], (dev_dim,) * 4))(*args)
+        back = lambda xs, ds: [x[0] if d is None else merge(x, d) for x, d in zip(xs, ds)]  # noqa: E731
+        return back(u, dims), back(r, rank_dims), back(m, rank_dims[:n_mom]), dv
+
+    return run
 
 
 def _accumulate(g, r, u, scale, momentum: float):
