@@ -68,7 +68,8 @@ class BertConfig:
     * `layouts`: the stored order of each encoder-layer activation: `"default"` (today's BSD/CBSNH/BNST/BSNH/BSF),
       a built-in name, a JSON file path (as written by `python -m jaxformer.layout_search`) or a `layouts.LayoutConfig`.
     * `remat`: rematerialisation of each encoder layer in the backward pass: `"none"`, `"full"` (store only the
-      layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work).
+      layer inputs) or `"dots"` (store the contraction outputs, recompute the element-wise work). Either runs the
+      layers in the scan (`scan_layers`): in the loop XLA keeps every activation whatever the policy.
     * `scan_layers`: `True` runs the encoder layers in one `jax.lax.scan` (compile time independent of depth),
       `False` (the default) in a Python loop over slices of the stacked parameters. The scan's stacked (L, ...)
       activation buffers make BERT-large's step 20-28% slower on one and two GPUs, for a compile ~4x faster

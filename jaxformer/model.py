@@ -96,10 +96,13 @@ class Encoder(nnx.Module):
             # The dropout key of layer l is fold_in(key, l): masks are independent across layers.
             return layer(h, mask, key=jax.random.fold_in(key, index), deterministic=deterministic), None
 
+        # Remat runs the layers in the scan: in the unrolled loop XLA scheduled each layer's recomputation next to its
+        # forward pass (prevent_cse or not) and kept every activation, the peak of no remat (test_model.py).
+        scan = cfg.scan_layers or cfg.remat != "none"
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=False)
         x = lx.annotate(x, "BSD").to(layout)
-        if cfg.scan_layers:
+        if scan:
             x, _ = jax.lax.scan(body, x, (state, jnp.arange(cfg.num_hidden_layers)))
         else:  # layer by layer on slices of the stacked parameters: no stacked residual buffers (BertConfig)
             # One `lax.split` per parameter, not L slices: the gradient is then one concatenate of the L layers'

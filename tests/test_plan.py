@@ -30,6 +30,7 @@ CASES = {
     "fsdp": ("tiny", 64, 16, Strategy(fsdp=4, kernels="xla")),
     "tensor": ("tiny", 64, 16, Strategy(tp=2, kernels="xla")),
     "data+tensor": ("tiny", 64, 16, Strategy(dp=2, tp=2, kernels="xla")),
+    "data+remat": ("tiny", 64, 16, Strategy(dp=2, remat="full", kernels="xla")),
     "pipeline+data+remat": ("tiny", 64, 16, Strategy(dp=2, pp=2, microbatches=2, remat="full", kernels="xla")),
     "pipeline+tensor": ("tiny", 64, 16, Strategy(tp=2, pp=2, microbatches=2, kernels="xla")),
     "circular (mini)": ("mini", 64, 16, Strategy(pp=2, microbatches=2, repeats=2, kernels="xla")),

@@ -12,8 +12,8 @@ inside a pipeline (a `lax.scan` over ticks, jaxformer/pipeline.py) exactly the r
 tests/test_plan.py compares with `jax.ad_checkpoint`'s list), one set per tick, bubble ticks included; in the plain
 layer loop what XLA keeps after fusing (it recomputes cheap element-wise values), fitted per backend to compiled
 memory (benchmarks/results/perfmodel.md, "Against the compiled train step"). Under `remat="full"` only the layer
-inputs are kept, plus one layer's set while it is recomputed; `"dots"` keeps the contraction outputs (inside the
-pipeline's scan only: `Compiler.loop_remat`). A Megatron-style pipeline's stages: `stage_memories`.
+inputs are kept, plus one layer's set while it is recomputed; `"dots"` keeps the contraction outputs (the model
+runs its layers in a scan under remat). A Megatron-style pipeline's stages: `stage_memories`.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ class Compiler:
     * `tp_extra`: bytes x D more per token and layer under tensor parallelism (the all-reduced block outputs);
     * `embedding`: bytes x D per token the XLA embedding block keeps (the Pallas kernel keeps only statistics);
     * `logit_copies`: logits-sized float32 values alive at the MLM head's softmax gradient and at its decoder GEMMs;
-    * `table_copies`: layout copies of the word table the backward GEMMs use;
-    * `loop_remat`: whether rematerialisation in the plain layer loop frees memory. It does not on XLA's CPU
-      backend: `jax.checkpoint(prevent_cse=False)` outside a scan lets XLA's common-subexpression pass merge the
-      recomputation back into the forward (tests/test_plan.py); the GPU is assumed the same until measured.
+    * `table_copies`: layout copies of the word table the backward GEMMs use.
+
+    Rematerialisation needs nothing here: under `remat` the model runs its layers in a scan (jaxformer/model.py),
+    which keeps what the policy says.
     """
 
     loop: Activations
@@ -78,7 +78,6 @@ class Compiler:
     embedding: float
     logit_copies: tuple[int, int]
     table_copies: int
-    loop_remat: bool = False
 
 
 # CPU: fitted to XLA's CPU memory analysis of 2- and 4-layer steps at D=256 (per-layer differences give the loop's
@@ -152,7 +151,7 @@ def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float
         tokens = bm * w.seq_len
     else:
         sets, tokens = cfg.num_hidden_layers, b * w.seq_len
-    remat = s.remat if (s.pipelined or c.loop_remat) else "none"
+    remat = s.remat
     if remat == "full":
         return embedding + tokens * (sets * layer_input + per_token)  # inputs kept, one layer's set rebuilt
     if remat == "dots":  # the contraction outputs: q/k/v, scores, context, the two block outputs, the FFN input

@@ -61,7 +61,8 @@ def strategies(w: Workload, gpus: int, space: Space = Space()) -> Iterator[Strat
 def check(w: Workload, s: Strategy, gpus: int) -> str:
     """Why `s` cannot run `w` on `gpus` devices ("" if it can), by sharding.validate's rules."""
     tc = types.SimpleNamespace(batch_size=w.global_batch, seq_len=w.seq_len, microbatches=s.microbatches,
-                               pipeline_repeats=s.repeats, sequence_parallel=s.sequence_parallel, kernels=s.kernels)
+                               pipeline_repeats=s.repeats, sequence_parallel=s.sequence_parallel, kernels=s.kernels,
+                               grad_compression="none", compression_config=lambda: None)
     try:
         sharding.validate(s.mesh(), w.model, tc, gpus)
     except ValueError as e:
