@@ -21,6 +21,8 @@ against `jaxformer.hlo_analysis` on 8 CPU devices, tests/test_plan.py):
   transpose is a split and a pad), plus the final shift; the encoder output's broadcast to every stage and its
   gradient's sum (one all-reduce of B S D each); with the circular schedule, one all-to-all of the stage's layer
   weights forward and of their gradients backward (jaxformer/pipeline.py).
+* gradient compression (`Strategy.density`, jaxformer/compression): the gradients' sum over `data` becomes the
+  balanced top-k exchange, one all-to-all and one all-gather per step (`compressed_exchange`).
 * sequence parallelism (GPU pattern, benchmarks/results/distributed-2xh200.md, "Sequence parallelism"): per layer
   the four all-reduces become reduce-scatters, with seven all-gathers and two all-to-alls.
 
@@ -170,18 +172,53 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
             stage_layers = sum(math.prod(local_shape(t, s)) for t in parameters(cfg) if t.part == "layer")
             add(Collective("circular weights", "all-to-all", stage_layers * F32, "pipeline", s.pp, 2))
 
-    if s.density is not None:
-        out = [_compressed(c, s.density) if c.what.startswith("grad") and c.kind in ("all-reduce", "reduce-scatter")
-               else c for c in out]
+    if s.density is not None and s.dp > 1:
+        out = [c for c in _without_data_sums(out, s)] + compressed_exchange(w, s)
     return out
 
 
-def _compressed(c: Collective, density: float) -> Collective:
-    """Top-k gradient exchange at `density`: each rank all-gathers its k values and k int32 indices, so the
-    gathered result is group x 2 d (values + indices) of the dense gradient's elements (values as float32)."""
-    elements = c.bytes / c.dtype_bytes
-    gathered = c.group * density * elements * (c.dtype_bytes + I32)
-    return dataclasses.replace(c, what=c.what + f" (top-k {density:g})", kind="all-gather", bytes=gathered)
+def _without_data_sums(colls: list[Collective], s: Strategy):
+    """The collectives left when the gradients' sum over `data` is the compressed exchange: the sums over data alone
+    go, those over data and fsdp keep their fsdp part."""
+    for c in colls:
+        if not c.what.startswith("grad"):
+            yield c
+        elif c.axis == "data+fsdp":
+            yield dataclasses.replace(c, axis="fsdp", group=s.fsdp)
+        elif c.axis != "data":
+            yield c
+
+
+def exchange_layout(w: Workload, s: Strategy):
+    """The compressed exchange's `Layout` (jaxformer/compression/exchange.py) of one device's gradient shards under
+    `s`: every parameter, the stacked layer tensors selected per layer, `CompressionConfig`'s defaults."""
+    from ..compression import CompressionConfig
+    from ..compression import exchange as ex
+    params = parameters(w.model)
+    return ex.Layout.build([local_shape(t, s) for t in params], [t.part == "layer" for t in params], s.density,
+                           CompressionConfig().min_size)
+
+
+def compressed_exchange(w: Workload, s: Strategy) -> list[Collective]:
+    """The balanced top-k exchange over `data` at `s.density` (jaxformer/compression, its defaults: bf16 values,
+    16-bit block offsets): an all-to-all of each rank's fixed-size buffers to the regions' owners, then an all-gather
+    of the reduced regions, the dense tensors' slices and the boundary quantiles. Sizes from the exchange's own
+    buffers (`exchange.Capacities`), so they equal the compiled step's."""
+    import jax.numpy as jnp
+
+    from ..compression import CompressionConfig
+    from ..compression import exchange as ex
+    from ..compression import format as fmt
+    cfg = CompressionConfig(density=s.density)
+    layout = exchange_layout(w, s)
+    caps = ex.Capacities.of(layout, s.dp, cfg.send_slack, cfg.gather_factor)
+    vb, p = jnp.dtype(cfg.value_dtype).itemsize, s.dp
+    send = p * (fmt.nbytes(caps.send, caps.region, cfg.value_dtype) + vb * caps.dense)
+    gather = p * (fmt.nbytes(caps.gather, caps.region, cfg.value_dtype) + vb * caps.dense + I32 * (p - 1))
+    return [Collective("loss sums and counts", "all-reduce", 6 * F32, "data", p),  # alone: no gradient to ride on
+            Collective(f"grad top-k entries to their owners ({s.density:g})", "all-to-all", send, "data", p, 1,
+                       False, vb),
+            Collective(f"grad top-k reduced regions ({s.density:g})", "all-gather", gather, "data", p, 1, False, vb)]
 
 
 def by_kind(colls: list[Collective]) -> dict[str, float]:

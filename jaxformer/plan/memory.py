@@ -94,6 +94,12 @@ COMPILER = {
 }
 
 
+# The compressed exchange's transform keeps about five float32 copies of a device's gradient shards alive at once
+# (the accumulated gradient, its flat concatenation, the kept residual, the summed update and its split into
+# leaves; jaxformer/compression/transform.py): fitted to XLA's CPU memory analysis (test_plan's compression cases).
+COMPRESSION_COPIES = 5
+
+
 def activation_table(backend: Backend, kernels: str, pipelined: bool) -> Activations:
     e = backend.compute_bytes
     if kernels == "pallas":
@@ -234,11 +240,16 @@ def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
     # the update: every float32 gradient (the global-norm clip needs all of them), the word table's second
     # gradient piece under data parallelism, one table-sized temporary of the update
-    return _peak(n, acts, backward, table * (2 if (s.dp > 1 and s.fsdp == 1) else 1), batch_bytes(w, s))
+    update_extra = table * (2 if (s.dp > 1 and s.fsdp == 1) else 1)
+    compressed = s.density is not None and s.dp > 1
+    if compressed:  # the transform's float32 vectors (fitted on the CPU: test_plan's compression cases)
+        update_extra += COMPRESSION_COPIES * n * F32
+    # with compression the optimizer state holds the exchange's residual too: one float32 per parameter shard
+    return _peak(n, acts, backward, update_extra, batch_bytes(w, s), 3 if compressed else 2)
 
 
-def _peak(n: float, acts: float, backward: float, update_extra: float, other: float) -> Memory:
-    params, optimizer, grads = n * F32, 2 * n * F32, n * F32
+def _peak(n: float, acts: float, backward: float, update_extra: float, other: float, state: int = 2) -> Memory:
+    params, optimizer, grads = n * F32, state * n * F32, n * F32
     if backward >= grads + update_extra:
         return Memory(params, 0.0, optimizer, acts, backward - acts + other, "backward")
     return Memory(params, grads, optimizer, 0.0, update_extra + other, "update")

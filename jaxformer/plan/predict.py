@@ -49,6 +49,12 @@ OPTIMIZER_BYTES = 36.0  # per parameter: AdamW, clip norm, the non-finite guard,
 # kernels-h100.md "Train step, BERT-large"): the H100 (30% less bandwidth, the same SMs) is only 5-7 ms slower, so
 # about 34 GB of the step's element-wise work is bandwidth-bound and the rest is not (S=128 -> 512 adds ~14 ms on
 # both GPUs).
+# Gradient compression's own work at the copy bandwidth, fitted to one H200 measurement (BERT-large, data=2;
+# benchmarks/results/compression.md): the sampled selection, 20.6 ms over 336 M sparse entries (bytes per sparse
+# entry), and the rest of the transform (accumulate into the residual, pack, unpack, keep), the exact-selection
+# transform's 126.8 ms less its selection's 118.8 (bytes per gradient entry).
+SELECTION_BYTES = 264.0
+COMPRESSION_BYTES = 103.0
 XLA_BYTES = dict(d=70.0, d_tp=30.0, f=17.0)
 XLA_ALU_PS = dict(d=40.0, d_tp=15.0, nt=11.3)  # picoseconds per element on an H100/H200 (Hardware.alu_scale)
 
@@ -186,7 +192,12 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     table = vocab * cfg.hidden_size * 4 / s.fsdp
     embedding = hw.memory_time(b * w.seq_len * cfg.hidden_size * (3 * 4 + 2 * e) + 2 * table)
     optimizer = hw.memory_time(local_params(cfg, s) * OPTIMIZER_BYTES)
-    compute = layers + pipeline_overhead + heads + embedding + optimizer
+    compression = 0.0
+    if s.density is not None and s.dp > 1:
+        layout = _comm.exchange_layout(w, s)
+        compression = hw.memory_time(SELECTION_BYTES * layout.n_sparse
+                                     + COMPRESSION_BYTES * (layout.n_sparse + layout.n_dense))
+    compute = layers + pipeline_overhead + heads + embedding + optimizer + compression
 
     # -- communication
     colls = _comm.collectives(w, s, backend)
@@ -201,12 +212,11 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     notes = []
     if s.fsdp > 1 and (s.pp > 1 or (s.dp > 1 and s.tp > 1)):
         notes.append("fsdp with pipeline or data+tensor: XLA adds resharding the model does not count")
-    if s.remat != "none" and not s.pipelined:
-        notes.append("remat in the plain layer loop: XLA merges the recomputation back (memory not saved)")
     pred = Prediction(w, s, True, "", step_time_s=step, compute_s=compute, comm_s=exposed, bubble_s=bubble_s,
                       comm_bytes=sum(c.wire_bytes for c in colls), memory=_memory.memory(w, s, backend),
                       collectives=colls, notes=notes,
                       breakdown=dict(layers_s=layers, pipeline_overhead_s=pipeline_overhead, heads_s=heads,
-                                     embedding_s=embedding, optimizer_s=optimizer, comm_hidden_s=hidden,
+                                     embedding_s=embedding, optimizer_s=optimizer, compression_s=compression,
+                                     comm_hidden_s=hidden,
                                      layer_pass_s=layer_pass, layer_passes=passes))
     return pred

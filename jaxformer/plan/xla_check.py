@@ -31,17 +31,19 @@ def compile_step(cfg: BertConfig, seq: int, batch: int, s: Strategy):
     from ..config import TrainConfig
     from ..data import synthetic_batch
     from ..model import BertForPreTraining
-    from ..steps import Steps, make_optimizer
+    from ..compression import make_steps, steady_train_step
+    from ..steps import make_optimizer
 
+    compressed = dict(grad_compression="topk-balanced", density=s.density) if s.density is not None else {}
     tc = TrainConfig(config="tiny", seq_len=seq, batch_size=batch, kernels=s.kernels, remat=s.remat,
                      microbatches=s.microbatches, pipeline_repeats=s.repeats, mesh=s.mesh().spec(),
-                     sequence_parallel=s.sequence_parallel)
+                     sequence_parallel=s.sequence_parallel, **compressed)
     mesh = sharding.make_mesh(sharding.validate(s.mesh(), cfg, tc, s.gpus), jax.devices()[:s.gpus])
     make = lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(params=0, dropout=1))  # noqa: E731
-    steps = Steps(nnx.eval_shape(make), make_optimizer(tc), tc, mesh)
+    steps = make_steps(nnx.eval_shape(make), make_optimizer(tc), tc, mesh)
     state = jax.eval_shape(lambda: steps.init_state(make(), 0))
     batch_ = jax.eval_shape(lambda: synthetic_batch(cfg.vocab_size, batch, seq, max(1, round(0.15 * seq))))
-    return steps.train_step.compile(state, batch_)
+    return steady_train_step(steps).compile(state, batch_)
 
 
 @dataclasses.dataclass
@@ -91,6 +93,7 @@ CASES = [  # (config, seq, batch, strategy)
     (T, 64, 16, Strategy(dp=2, pp=2, microbatches=2, remat="full", **X)),
     (T, 64, 16, Strategy(tp=2, pp=2, microbatches=2, **X)), (T, 64, 16, Strategy(fsdp=2, pp=2, microbatches=2, **X)),
     (T, 64, 16, Strategy(dp=2, fsdp=2, tp=2, **X)),
+    (T, 64, 16, Strategy(dp=4, density=0.01, **X)), (T, 64, 16, Strategy(dp=2, tp=2, density=0.01, **X)),
     (M, 128, 32, Strategy(**X)), (M, 128, 32, Strategy(remat="full", **X)), (M, 128, 32, Strategy(dp=8, **X)),
     (M, 128, 32, Strategy(fsdp=8, **X)), (M, 128, 32, Strategy(tp=4, **X)),
     (M, 128, 32, Strategy(pp=2, microbatches=4, **X)), (M, 128, 32, Strategy(pp=4, microbatches=4, **X)),
