@@ -153,6 +153,16 @@ def test_estimated_selections_find_the_top_k(method):
         assert len(got) <= k and len(got & want) >= 0.95 * k, (len(got), len(got & want), k)
 
 
+@pytest.mark.parametrize("method", ["exact", "sampled", "reused"])
+def test_every_selection_takes_whole_rows_at_density_one(method):
+    """k equal to a row's length (density 1): every nonzero entry is chosen, whatever a sample would estimate."""
+    ks = [m.shape[1] for m in MAGS]
+    thresholds = [jnp.full(m.shape[0], -1.0) for m in MAGS]
+    index, n, _ = jax.jit(lambda m, t: select(m, ks, method, t, step=0, key=jax.random.key(5)))(MAGS, thresholds)
+    nonzero = sum(int(np.count_nonzero(np.asarray(m))) for m in MAGS)
+    assert int(n) == nonzero and len(set(np.asarray(index)[:int(n)].tolist())) == nonzero
+
+
 # ----------------------------------------------------------------------------------------------- the exchanges
 SHAPES = [(64, 512), (2, 64, 128), (64,)]  # a matrix, a stacked (per-layer) weight, a small dense vector
 STACKED = [False, True, False]

@@ -53,7 +53,9 @@ def sampled_thresholds(mags, ks, key, fraction: float):
     """DGC's estimate: the threshold admitting ~1.5k entries of each row, from a random sample of it (one random
     draw for all rows)."""
     sizes = [sample_size(m.shape[1], k, fraction) for m, k in zip(mags, ks)]
-    sampled = [2 * s < m.shape[1] for m, s in zip(mags, sizes)]  # else the exact threshold is as cheap
+    # Sampled only where it saves work and does not need every entry: else the exact threshold (at 1.5k >= a row,
+    # the row's minimum: everything admitted).
+    sampled = [2 * s < m.shape[1] and CANDIDATES * k < m.shape[1] for m, s, k in zip(mags, sizes, ks)]
     n = sum(m.shape[0] * s for m, s, on in zip(mags, sizes, sampled) if on)
     u = jax.random.uniform(key, (n,)) if n else None
     out, at = [], 0
