@@ -154,6 +154,12 @@ def _run_metrics(out: str) -> dict:
     tc = json.loads((Path(out) / "run.json").read_text())["train_config"]
     label = "dense" if tc.get("grad_compression", "none") == "none" else \
         f"{tc['grad_compression']} {tc['density']:g}"
+    if tc.get("compression_warmup_steps"):
+        label += f", warm-up {tc['compression_warmup_steps']}"
+    if tc.get("clip_norm") == 0:
+        label += ", no clipping"
+    if tc.get("optimizer", "adamw") != "adamw":
+        label = f"{tc['optimizer']}: {label}"
     records = read_metrics(Path(out) / "metrics.jsonl")
     return dict(label=label, train=[r for r in records if "loss" in r],
                 evals=[r for r in records if "eval_mlm_loss" in r])
