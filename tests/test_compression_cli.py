@@ -157,3 +157,25 @@ def test_hlo_report_counts_the_compressed_exchange(capsys):
     assert coll["all-reduce"]["bytes"] < 256  # the loss sums and the exchange's counts only
     assert hlo_report.main(["--config", "tiny", "--grad-compression", "topk-balanced"]) == 2
     assert "give --mesh with data > 1" in capsys.readouterr().err
+
+
+def test_convergence_table_compares_each_run_with_the_first(tmp_path):
+    from benchmarks.grad_compression import _run_metrics, convergence_table
+
+    def run(name, tc, losses, eval_loss, eval_acc):
+        out = tmp_path / name
+        out.mkdir()
+        (out / "run.json").write_text(json.dumps({"train_config": tc}))
+        lines = [{"step": i + 1, "loss": x} for i, x in enumerate(losses)]
+        lines.append({"step": len(losses), "eval_mlm_loss": eval_loss, "eval_mlm_acc": eval_acc})
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return str(out)
+
+    dense = run("dense", {"grad_compression": "none"}, [9.0, 5.0, 4.0], 4.0, 0.5)
+    sparse = run("sparse", {"grad_compression": "topk-balanced", "density": 0.01, "compression_warmup_steps": 10,
+                            "optimizer": "lamb"}, [9.0, 6.0, 5.0], 5.0, 0.25)
+    runs = [_run_metrics(dense), _run_metrics(sparse)]
+    assert [r["label"] for r in runs] == ["dense", "lamb: topk-balanced 0.01, warm-up 10"]
+    rows = convergence_table(runs, last=2).splitlines()[2:]
+    assert rows[0].split("|")[3:9] == [" 4.5000 ", " +0.00% ", " 4.0000 ", " +0.00% ", " 0.5000 ", " +0.00% "]
+    assert rows[1].split("|")[3:9] == [" 5.5000 ", " +22.22% ", " 5.0000 ", " +25.00% ", " 0.2500 ", " -50.00% "]
