@@ -38,15 +38,13 @@ import sys
 import time
 from pathlib import Path
 
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)  # run as a script: this file would shadow the `compression` module JAX imports (Python 3.14)
+import jax
 
-import jax  # noqa: E402
-
-from jaxformer.compression import CompressedSteps, CompressionConfig, EXCHANGES, SELECTIONS  # noqa: E402
-from jaxformer.config import TrainConfig  # noqa: E402
-from jaxformer.hlo_analysis import analyze, nbytes, parse_module  # noqa: E402
-from jaxformer.outputs import read_metrics  # noqa: E402
+from jaxformer.compression import CompressedSteps, CompressionConfig, EXCHANGES, SELECTIONS
+from jaxformer.config import TrainConfig
+from jaxformer.hlo_analysis import analyze, nbytes, parse_module
+from jaxformer.outputs import read_metrics
+from pallas_kernels.timing import time_steps
 
 
 # ----------------------------------------------------------------------------------------------- bytes
@@ -315,17 +313,7 @@ def step_times(a) -> None:
         state = steps.init_state(model, 0)  # its parameters are the model's arrays: copied, as steps donate them
         state = steps.place(dataclasses.replace(state, params=jax.device_get(state.params)))
         placed = [steps.place_batch(b) for b in batches]
-        t = time.perf_counter()
-        state, m = steps.train_step(state, placed[0])
-        jax.block_until_ready(m)
-        compile_s = time.perf_counter() - t
-        times = []
-        for _ in range(a.repeats):
-            t = time.perf_counter()
-            for i in range(a.steps):
-                state, m = steps.train_step(state, placed[i % 4])
-            jax.block_until_ready((state, m))
-            times.append((time.perf_counter() - t) / a.steps)
+        state, m, compile_s, times = time_steps(steps.train_step, state, placed, a.steps, a.repeats)
         row = dict(common, step=name, ms_per_step=round(1e3 * statistics.median(times), 3),
                    spread_ms=[round(1e3 * x, 2) for x in times], compile_s=round(compile_s, 1), loss=float(m["loss"]))
         if name == "compressed":  # the data ranks must hold the same parameters, bit for bit

@@ -23,12 +23,12 @@ import os
 import re
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import jax
 
 from jaxformer import sharding
+from pallas_kernels.timing import time_steps
 from jaxformer.cli import add_flags
 from jaxformer.compression import make_steps
 from jaxformer.config import COMPRESSION_FLAGS, XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
@@ -101,20 +101,7 @@ def main():
                 f.write(hlo)
         collectives = collective_summary(hlo)
         counts = hlo_counts(hlo) if a.record else None
-    t0 = time.perf_counter()
-    state, m = steps.train_step(state, batches[0])
-    jax.block_until_ready(m)
-    compile_s = time.perf_counter() - t0
-    for i in range(a.warmup):
-        state, m = steps.train_step(state, batches[i % 4])
-    jax.block_until_ready(m)
-    times = []
-    for _ in range(a.repeats):
-        t = time.perf_counter()
-        for i in range(a.steps):
-            state, m = steps.train_step(state, batches[i % 4])
-        jax.block_until_ready((state, m))
-        times.append((time.perf_counter() - t) / a.steps)
+    state, m, compile_s, times = time_steps(steps.train_step, state, batches, a.steps, a.repeats, a.warmup)
     step_s = statistics.median(times)
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30 for d in jax.local_devices()]
     result = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config, seq_len=a.seq_len,

@@ -16,25 +16,32 @@ def nll_and_predictions(logits, labels):
     return logz - label_logit, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32).
-    `out` carries either the MLM head's per-position `mlm_nll` and `mlm_predictions` (the model called with
-    `masked_labels`, as the steps do) or its logits."""
-    labels, weights = batch["masked_labels"], batch["masked_weights"]
+def per_example_losses(out, batch):
+    """The MLM nll and argmax per masked position and the NSP nll and hit per sequence (float32). `out` carries
+    either the MLM head's per-position `mlm_nll` and `mlm_predictions` (the model called with `masked_labels`, as the
+    steps do) or its logits."""
+    labels = batch["masked_labels"]
     if getattr(out, "mlm_nll", None) is not None:
         nll, pred = out.mlm_nll, out.mlm_predictions
     else:
         # The padded logits (their extra columns at float32's min add nothing), split over `tensor` on V.
         padded = getattr(out, "padded_mlm_logits", None)
         nll, pred = nll_and_predictions(out.mlm_logits if padded is None else padded, labels)
+    nsp_logits = out.nsp_logits.astype(jnp.float32)
+    nsp_nll = (jax.nn.logsumexp(nsp_logits, -1)
+               - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0])
+    return nll, pred, nsp_nll, jnp.argmax(nsp_logits, -1) == batch["nsp_labels"]
+
+
+def pretraining_losses(out, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """MLM cross-entropy averaged over real masked positions, NSP cross-entropy over sequences (float32)."""
+    labels, weights = batch["masked_labels"], batch["masked_weights"]
+    nll, pred, nsp_nll, nsp_hit = per_example_losses(out, batch)
     n_masked = jnp.maximum(jnp.sum(weights), 1.0)
     mlm_loss = jnp.sum(nll * weights) / n_masked
     mlm_correct = jnp.sum((pred == labels) * weights)
-    nsp_logits = out.nsp_logits.astype(jnp.float32)
-    nsp_loss = jnp.mean(jax.nn.logsumexp(nsp_logits, -1)
-                        - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0])
-    nsp_correct = jnp.sum(jnp.argmax(nsp_logits, -1) == batch["nsp_labels"])
+    nsp_loss = jnp.mean(nsp_nll)
     metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
-                   mlm_correct=mlm_correct, n_masked=jnp.sum(weights), nsp_correct=nsp_correct,
+                   mlm_correct=mlm_correct, n_masked=jnp.sum(weights), nsp_correct=jnp.sum(nsp_hit),
                    n_seq=jnp.asarray(labels.shape[0], jnp.float32))
     return mlm_loss + nsp_loss, metrics

@@ -1,5 +1,6 @@
 """The clock shared by the autotuner, the kernel benchmarks and the layout search: a step chained in one jit,
-inputs rotated past the L2, two run lengths whose difference cancels the launch overhead."""
+inputs rotated past the L2, two run lengths whose difference cancels the launch overhead; and `time_steps`, the
+benchmarks' wall clock of a whole train step."""
 
 from __future__ import annotations
 
@@ -88,3 +89,25 @@ def grads_as_carry(fn: Callable, n_in: int) -> Callable:
         cast = lambda g, a: jax.tree.map(lambda g, a: g.astype(a.dtype), g, a)  # noqa: E731
         return tuple(cast(g, a) for g, a in zip(grads[:n_in], args)) + tuple(args[n_in:])
     return step
+
+
+def time_steps(train_step, state, batches, steps: int, repeats: int, warmup: int = 0):
+    """Wall-clock time of a whole stateful step (a train step) called back to back, chained through its donated
+    state and cycling over the placed `batches`: the first call (compile included), `warmup` more, then `repeats`
+    timings of `steps` steps. Returns the last state and output, the first call's seconds and each repeat's seconds
+    per step (the benchmarks' train-step timing; the kernels use `time_step`)."""
+    t0 = time.perf_counter()
+    state, m = train_step(state, batches[0])
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    for i in range(warmup):
+        state, m = train_step(state, batches[i % len(batches)])
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(steps):
+            state, m = train_step(state, batches[i % len(batches)])
+        jax.block_until_ready((state, m))
+        times.append((time.perf_counter() - t) / steps)
+    return state, m, compile_s, times

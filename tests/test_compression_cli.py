@@ -5,7 +5,6 @@ its minimum size, the mesh); jaxformer.hlo_report compiles the compressed step."
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -14,24 +13,14 @@ from jaxformer import run
 from jaxformer.compression import SELECTIONS
 from jaxformer.config import COMPRESSION_SELECTIONS, MeshConfig, TrainConfig
 from test_resume import final_checksum
-from test_runs import expect_error
-from test_trainer import compilation_cache, metrics, write_corpus  # noqa: F401 (a fixture)
+from test_runs import corpus, expect_error, tokenizer_cache  # noqa: F401 (fixtures)
+from test_trainer import compilation_cache, metrics  # noqa: F401 (a fixture)
 
 TIMING = ("seq_per_s", "data_wait_s")
 MESH = "data=2,fsdp=4"  # the 8 test devices: compression over data=2, fsdp's reduce-scatter dense inside
 # --compression-min-size 1024: the tiny model's shards (fsdp=4) are sent sparse, not whole.
 COMPRESSED = ["--mesh", MESH, "--grad-compression", "topk-balanced", "--density", "0.01",
               "--compression-min-size", "1024"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
-
-
-@pytest.fixture(autouse=True)
-def tokenizer_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("JAXFORMER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "jaxformer-cache"))
 
 
 def args(corpus, out, *extra):

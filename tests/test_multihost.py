@@ -56,6 +56,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _two_processes(flags: list[str], devices: int, caches: list[Path] | None = None) -> list[tuple[str, str]]:
+    """train.py `flags` run as processes 0 and 1 of one run on `devices` CPU devices each (with `caches`, a cache
+    directory of its own each): their (stdout, stderr), both having exited 0."""
+    env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
+    # The parent's 8-device XLA flag, if conftest fell back to it, must not leak in.
+    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), PYTHONUNBUFFERED="1",
+               XLA_FLAGS=" ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                  if not f.startswith("--xla_force_host_platform_device_count")))
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags, "--coordinator", f"localhost:{port}",
+                               "--num-processes", "2", "--process-id", str(i)],
+                              cwd=ROOT, env=dict(env, **({"JAXFORMER_CACHE_DIR": str(caches[i])} if caches else {})),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    return outputs
+
+
 def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -66,26 +92,8 @@ def test_two_processes_train_like_one(tmp_path, clean_env, monkeypatch):
     # Each process has a cache of its own (as on hosts that share none): process 1 prepares its own copy of the
     # corpus, which must be the same bytes as process 0's.
     monkeypatch.setenv("JAXFORMER_CACHE_DIR", str(tmp_path / "cache0"))
-    env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
-    # 4 CPU devices per process (the parent's 8-device XLA flag, if conftest fell back to it, must not leak in).
-    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4", PYTHONUNBUFFERED="1",
-               XLA_FLAGS=" ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                  if not f.startswith("--xla_force_host_platform_device_count")))
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *_args(corpus, vocab, multi),
-                               "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-                              cwd=ROOT, env=dict(env, JAXFORMER_CACHE_DIR=str(tmp_path / f"cache{i}")),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in (0, 1)]
-    try:
-        outputs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
+    outputs = _two_processes(_args(corpus, vocab, multi), devices=4,
+                             caches=[tmp_path / f"cache{i}" for i in (0, 1)])
     assert "on 8 cpu device(s), mesh data=8" in outputs[0][0]
     assert "== done ==" in outputs[0][0] and "== done ==" not in outputs[1][0]
     assert "data:" not in outputs[1][0] and "model:" not in outputs[1][0]  # process 1 logs nothing
@@ -119,27 +127,10 @@ def test_two_processes_train_with_compressed_gradients(tmp_path, clean_env):
     sharding across the processes (Steps.place keeps it) and its all-to-all and all-gather run over gloo."""
     corpus, vocab = _inputs(tmp_path)
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in NO_ENV}
-    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1", PYTHONUNBUFFERED="1",
-               XLA_FLAGS=" ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                  if not f.startswith("--xla_force_host_platform_device_count")))
-    port = _free_port()
     # The flags given last win: 2 steps, one checkpoint, data=2.
-    flags = _args(corpus, vocab, out, "--steps", "2", "--eval-every", "100", "--save-every", "2", "--mesh", "data=2",
-                  "--grad-compression", "topk-balanced", "--compression-min-size", "1024")
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *flags, "--coordinator", f"localhost:{port}",
-                               "--num-processes", "2", "--process-id", str(i)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in (0, 1)]
-    try:
-        outputs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (_, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
+    _two_processes(_args(corpus, vocab, out, "--steps", "2", "--eval-every", "100", "--save-every", "2",
+                         "--mesh", "data=2", "--grad-compression", "topk-balanced", "--compression-min-size", "1024"),
+                   devices=1)
     records = [r for r in _metrics(out) if "loss" in r]
     assert [r["step"] for r in records] == [1, 2] and all(r["compression_selected"] > 0 for r in records)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2"]

@@ -111,10 +111,18 @@ def wire_bytes(layout: Layout, ranks: int, exchange: str, dtype, send_slack=1.25
         return 2 * (p - 1) / p * 4 * (layout.n_sparse + layout.n_dense)
     if exchange == "allgather":
         return (p - 1) * (fmt.nbytes(layout.k_total, layout.n_sparse, dtype) + vb * layout.n_dense)
+    send, gather = balanced_buffer_bytes(layout, ranks, dtype, send_slack, gather_factor)
+    return (p - 1) / p * (send + gather)
+
+
+def balanced_buffer_bytes(layout: Layout, ranks: int, dtype, send_slack=1.25, gather_factor=1.0) -> tuple[int, int]:
+    """Per device, the bytes of the balanced exchange's all-to-all operand (a fixed-size buffer to each owner) and of
+    its all-gather result (each owner's reduced entries, its dense slice and its boundary quantiles)."""
+    vb, p = jnp.dtype(dtype).itemsize, ranks
     c = Capacities.of(layout, ranks, send_slack, gather_factor)
     send = p * (fmt.nbytes(c.send, c.region, dtype) + vb * c.dense)
     gather = p * (fmt.nbytes(c.gather, c.region, dtype) + vb * c.dense + 4 * (p - 1))
-    return (p - 1) / p * (send + gather)
+    return send, gather
 
 
 class Exchanged(NamedTuple):

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
 from ..config import TrainConfig
-from ..losses import nll_and_predictions
+from ..losses import per_example_losses
 from ..model import BertForPreTraining
 from ..steps import Steps, TrainState, _forward, _Traced
 from .config import CompressionConfig
@@ -51,15 +51,9 @@ def _stacked(param_state) -> dict:
 def _local_losses(out, batch, n_masked, n_seq):
     """This rank's share of the global losses (its sums over the global counts) and its metric sums."""
     labels, weights = batch["masked_labels"], batch["masked_weights"]
-    if getattr(out, "mlm_nll", None) is not None:
-        nll, pred = out.mlm_nll, out.mlm_predictions
-    else:
-        padded = getattr(out, "padded_mlm_logits", None)
-        nll, pred = nll_and_predictions(out.mlm_logits if padded is None else padded, labels)
-    nsp_logits = out.nsp_logits.astype(jnp.float32)
-    nsp_nll = jax.nn.logsumexp(nsp_logits, -1) - jnp.take_along_axis(nsp_logits, batch["nsp_labels"][:, None], -1)[:, 0]
+    nll, pred, nsp_nll, nsp_hit = per_example_losses(out, batch)
     sums = dict(mlm=jnp.sum(nll * weights), mlm_correct=jnp.sum((pred == labels) * weights), nsp=jnp.sum(nsp_nll),
-                nsp_correct=jnp.sum(jnp.argmax(nsp_logits, -1) == batch["nsp_labels"]).astype(jnp.float32))
+                nsp_correct=jnp.sum(nsp_hit).astype(jnp.float32))
     return sums["mlm"] / jnp.maximum(n_masked, 1.0) + sums["nsp"] / n_seq, sums
 
 

@@ -208,7 +208,7 @@ def _local(grads, res, mom, dev, count, scale, *, config: CompressionConfig, sta
     lead = dev[0].shape[:-1]  # (1, 1, ...): this device's entry of the per-device arrays
     res, mom = [r[0] for r in res], [u[0] for u in mom]
     layout = ex.Layout.build([g.shape for g in grads], stacked, density, config.min_size)
-    ns, nd = layout.n_sparse, layout.n_dense
+    ns = layout.n_sparse
     me = jax.lax.axis_index(config.axis)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), count), me)
     key, gather_key = jax.random.split(key)

@@ -207,14 +207,11 @@ def compressed_exchange(w: Workload, s: Strategy) -> list[Collective]:
     import jax.numpy as jnp
 
     from ..compression import CompressionConfig
-    from ..compression import exchange as ex
-    from ..compression import format as fmt
+    from ..compression.exchange import balanced_buffer_bytes
     cfg = CompressionConfig(density=s.density)
-    layout = exchange_layout(w, s)
-    caps = ex.Capacities.of(layout, s.dp, cfg.send_slack, cfg.gather_factor)
+    send, gather = balanced_buffer_bytes(exchange_layout(w, s), s.dp, cfg.value_dtype, cfg.send_slack,
+                                         cfg.gather_factor)
     vb, p = jnp.dtype(cfg.value_dtype).itemsize, s.dp
-    send = p * (fmt.nbytes(caps.send, caps.region, cfg.value_dtype) + vb * caps.dense)
-    gather = p * (fmt.nbytes(caps.gather, caps.region, cfg.value_dtype) + vb * caps.dense + I32 * (p - 1))
     return [Collective("loss sums and counts", "all-reduce", 6 * F32, "data", p),  # alone: no gradient to ride on
             Collective(f"grad top-k entries to their owners ({s.density:g})", "all-to-all", send, "data", p, 1,
                        False, vb),
