@@ -17,15 +17,16 @@ from ..mesh import batch_shard_map, current_mesh, shard_counts
 from ..softmax import scaled_masked_softmax
 from . import impls
 from .blocks import Blocks, check_inputs, default_blocks
-from .reference import attention
+from .reference import attention, segment_mask
 from .tiles import mask_code
 
-__all__ = ["Blocks", "attention", "default_blocks", "flash_attention", "flash_attention_qkv",
+__all__ = ["Blocks", "attention", "default_blocks", "flash_attention", "flash_attention_qkv", "segment_mask",
            "sharded_flash_attention", "sharded_flash_attention_qkv", "unfused_attention"]
 
 
 def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
-    """The reference's two einsums around the fused Pallas softmax + dropout kernel (SM forward, BS backward).
+    """The reference's two einsums around the fused Pallas softmax + dropout kernel (SM forward, BS backward); a key
+    mask only.
 
     Not on the default path: measured slower than flash attention and than XLA's own softmax fusion
     (benchmarks/results/kernels-h200.md, Softmax)."""
@@ -35,7 +36,7 @@ def unfused_attention(q, k, v, mask, *, seed=None, rate: float = 0.0):
 
 
 def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
-                            blocks: Blocks | None = None, impl: str | None = None):
+                            blocks: Blocks | None = None, impl: str | None = None, segments: bool = False):
     """`flash_attention` run per batch shard when a mesh with batch axes is set (`jax.set_mesh`), else directly;
     with a `tensor` axis the heads (N of BSNH) are split over it too, instead of gathered.
 
@@ -43,50 +44,53 @@ def sharded_flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, inte
     `batch_offset` and its first head's as `head_offset` (with the total head count), so the dropout masks are the
     unsharded ones."""
     heads = q.shape[2]
-    check_inputs(q, k, v, mask)
-    choice = _choose(q.shape, k.shape, q.dtype, seed, rate, interpret, blocks, impl, packed=False, sharded=True)
+    check_inputs(q, k, v, mask, segments=segments)
+    choice = _choose(q.shape, k.shape, q.dtype, seed, rate, interpret, blocks, impl, packed=False, sharded=True,
+                     segments=segments)
     if not choice.impl.kernel:
-        return choice.impl.fn(q, k, v, mask, seed=seed, rate=rate)
+        return choice.impl.fn(q, k, v, mask, seed=seed, rate=rate, segments=segments)
 
     def run(offset, head_offset, q, k, v, mask, seed):
         return flash_attention(q, k, v, mask, seed=seed, rate=rate, interpret=interpret, blocks=choice.config,
-                               impl=choice.impl.name, batch_offset=offset, head_offset=head_offset, total_heads=heads)
+                               impl=choice.impl.name, batch_offset=offset, head_offset=head_offset, total_heads=heads,
+                               segments=segments)
 
     return batch_shard_map(run, n_batched=4, head_dims=(2, 2, 2, None), out_head_dim=2)(q, k, v, mask, seed)
 
 
 def sharded_flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0,
-                                interpret: bool | None = None, blocks: Blocks | None = None, impl: str | None = None):
+                                interpret: bool | None = None, blocks: Blocks | None = None, impl: str | None = None,
+                                segments: bool = False):
     """`flash_attention_qkv` per batch shard (and head shard over `tensor`), as `sharded_flash_attention`; the bias
     (3, N, H) is replicated over the batch shards (its gradient summed over them) and split with the heads."""
-    _check_packed(qkv, bias, mask)
+    _check_packed(qkv, bias, mask, segments)
     heads = qkv.shape[3]
     choice = _choose(qkv.shape, qkv.shape, qkv.dtype, seed, rate, interpret, blocks, impl, packed=True,
-                     sharded=True)
+                     sharded=True, segments=segments)
     if not choice.impl.kernel:
-        return choice.impl.fn(qkv, mask, bias=bias, seed=seed, rate=rate)
+        return choice.impl.fn(qkv, mask, bias=bias, seed=seed, rate=rate, segments=segments)
 
     def run(offset, head_offset, qkv, mask, bias, seed):
         return flash_attention_qkv(qkv, mask, bias=bias, seed=seed, rate=rate, interpret=interpret,
                                    blocks=choice.config, impl=choice.impl.name, batch_offset=offset,
-                                   head_offset=head_offset, total_heads=heads)
+                                   head_offset=head_offset, total_heads=heads, segments=segments)
 
     return batch_shard_map(run, n_batched=2, head_dims=(3, None, 1, None), out_head_dim=2)(qkv, mask, bias, seed)
 
 
-def _check_packed(qkv, bias, mask):
+def _check_packed(qkv, bias, mask, segments=False):
     if qkv.ndim != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv must be (B, S, 3, N, H); got {qkv.shape=}")
     b, s, _, n, h = qkv.shape
     if bias is not None and tuple(bias.shape) != (3, n, h):
         raise ValueError(f"bias must be (3, N, H) = {(3, n, h)} for {qkv.shape=}; got {bias.shape=}")
     q = jax.ShapeDtypeStruct((b, s, n, h), qkv.dtype)  # only shapes are checked
-    check_inputs(q, q, q, mask)
+    check_inputs(q, q, q, mask, segments=segments)
 
 
 def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, interpret: bool | None = None,
                         blocks: Blocks | None = None, impl: str | None = None, batch_offset=0, head_offset=0,
-                        total_heads: int | None = None):
+                        total_heads: int | None = None, segments: bool = False):
     """`flash_attention` of the packed projection qkv (B, S, 3, N, H) (C = q, k, v): context (B, S, N, H).
 
     The kernels read q, k and v in place and the backward writes one packed dQKV (B, S, 3, N, H), so the fused QKV
@@ -101,23 +105,27 @@ def flash_attention_qkv(qkv, mask, *, bias=None, seed=None, rate: float = 0.0, i
     Differentiable: its gradient is dQKV summed over B and S (in fp32, by the backward kernels as they store dQKV).
     Same mask, dropout and other arguments as `flash_attention`.
     """
-    _check_packed(qkv, bias, mask)
+    _check_packed(qkv, bias, mask, segments)
     n = qkv.shape[3]
-    choice = _choose(qkv.shape, qkv.shape, qkv.dtype, seed, rate, interpret, blocks, impl, packed=True)
+    choice = _choose(qkv.shape, qkv.shape, qkv.dtype, seed, rate, interpret, blocks, impl, packed=True,
+                     segments=segments)
     rate, interpret = _rate(seed, rate), resolve_interpret(interpret)
     if not choice.impl.kernel:
-        return choice.impl.fn(qkv, mask, bias=bias, seed=seed if rate else None, rate=rate)
+        return choice.impl.fn(qkv, mask, bias=bias, seed=seed if rate else None, rate=rate, segments=segments)
     seed = seed_words(seed, batch_offset, head_offset) if rate else None
     heads = n if total_heads is None else int(total_heads)
+    code = mask_code(mask, segments)
     if bias is None:
-        return _flash_qkv(qkv, mask_code(mask), seed, rate, interpret, choice.impl, choice.config, heads)
-    return _flash_qkv_bias(qkv, bias, mask_code(mask), seed, rate, interpret, choice.impl, choice.config, heads)
+        return _flash_qkv(qkv, code, seed, rate, interpret, choice.impl, choice.config, heads, segments)
+    return _flash_qkv_bias(qkv, bias, code, seed, rate, interpret, choice.impl, choice.config, heads, segments)
 
 
 def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: bool | None = None,
                     blocks: Blocks | None = None, impl: str | None = None, batch_offset=0, head_offset=0,
-                    total_heads: int | None = None):
-    """Context (B, S, N, H) in q's dtype from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T).
+                    total_heads: int | None = None, segments: bool = False):
+    """Context (B, S, N, H) in q's dtype from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T); with
+    `segments`, packed rows: `mask` holds int segment ids (B, S) (1, 2, ... per sample, 0 at padding; T = S) and a
+    query attends only the real keys of its own sample (`segment_mask`; a padding query every real key).
 
     Same result as `attention(q, k, v, mask, seed=seed, rate=rate)` (the same dropout mask, bit for bit) without
     materialising the scores. `mask` is True (or nonzero) at real keys; `seed` is uint32[2] (see
@@ -130,14 +138,15 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
     index of q's first head among `total_heads` (static; default q's N) when the heads are split (tensor parallel).
     Differentiable in q, k, v; mask and seed get no gradient.
     """
-    check_inputs(q, k, v, mask)
-    choice = _choose(q.shape, k.shape, q.dtype, seed, rate, interpret, blocks, impl, packed=False)
+    check_inputs(q, k, v, mask, segments=segments)
+    choice = _choose(q.shape, k.shape, q.dtype, seed, rate, interpret, blocks, impl, packed=False, segments=segments)
     rate, interpret = _rate(seed, rate), resolve_interpret(interpret)
     if not choice.impl.kernel:
-        return choice.impl.fn(q, k, v, mask, seed=seed if rate else None, rate=rate)
+        return choice.impl.fn(q, k, v, mask, seed=seed if rate else None, rate=rate, segments=segments)
     seed = seed_words(seed, batch_offset, head_offset) if rate else None
     heads = q.shape[2] if total_heads is None else int(total_heads)
-    return _flash(q, k, v, mask_code(mask), seed, rate, interpret, choice.impl, choice.config, heads)
+    return _flash(q, k, v, mask_code(mask, segments), seed, rate, interpret, choice.impl, choice.config, heads,
+                  segments)
 
 
 def _rate(seed, rate) -> float:
@@ -151,7 +160,7 @@ def _rate(seed, rate) -> float:
 
 
 def _choose(q_shape, k_shape, dtype, seed, rate, interpret, blocks, impl, *, packed: bool,
-            sharded: bool = False) -> registry.Choice:
+            sharded: bool = False, segments: bool = False) -> registry.Choice:
     """The implementation and blocks for the call (per shard when `sharded`): the registry's choice, or the one
     named; without `blocks`, the autotuner's cached (or, with JAXFORMER_AUTOTUNE=tune, newly tuned) blocks."""
     rate, interpret = _rate(seed, rate), resolve_interpret(interpret)
@@ -160,7 +169,7 @@ def _choose(q_shape, k_shape, dtype, seed, rate, interpret, blocks, impl, *, pac
     head_dim = 3 if packed else 2
     for shape in (q_shape, k_shape):
         shape[0], shape[head_dim] = shape[0] // batch, shape[head_dim] // tp
-    call = impls.call_of(q_shape, k_shape, dtype, rate, packed)
+    call = impls.call_of(q_shape, k_shape, dtype, rate, packed, segments)
     op = "attention_qkv" if packed else "attention"
     device = registry.Device.current()
     choice = registry.choose(op, call, device, impl=impl, blocks=blocks, interpret=interpret)
@@ -188,11 +197,16 @@ def _operands(call):
 
 
 def _bench_fn(call, choice):
-    """The operator with `choice` on the autotuner's random inputs, with random key lengths in [T/2, T]."""
-    lengths = jax.random.randint(jax.random.key(1), (call.batch, 1), call.seq_k // 2, call.seq_k + 1)
+    """The operator with `choice` on the autotuner's random inputs, with random key lengths in [T/2, T] (with
+    segments: that many real positions cut into samples at random)."""
+    k1, k2 = jax.random.split(jax.random.key(1))
+    lengths = jax.random.randint(k1, (call.batch, 1), call.seq_k // 2, call.seq_k + 1)
     mask = jnp.arange(call.seq_k)[None, :] < lengths
+    if call.segments:
+        starts = jax.random.bernoulli(k2, 4 / call.seq_k, (call.batch, call.seq_k)).at[:, 0].set(True)
+        mask = jnp.where(mask, jnp.cumsum(starts, axis=1), 0).astype(jnp.int32)
     seed = jnp.array([1, 2], jnp.uint32) if call.rate else None
-    kw = dict(seed=seed, rate=call.rate, blocks=choice.config, impl=choice.impl.name)
+    kw = dict(seed=seed, rate=call.rate, blocks=choice.config, impl=choice.impl.name, segments=call.segments)
     if call.packed:
         return lambda qkv: flash_attention_qkv(qkv, mask, **kw)
     return lambda q, k, v: flash_attention(q, k, v, mask, **kw)
@@ -214,44 +228,49 @@ def _add_bias(qkv, bias):
     return (qkv.reshape(b * s, c * n * h) + bias.astype(qkv.dtype).reshape(c * n * h)).reshape(qkv.shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _flash_qkv(qkv, code, seed, rate, interpret, impl, blocks, heads):
-    return _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads)[0]
+def _segments(segments: bool) -> dict:
+    """The kernels' `segments` keyword, only when set (the Mosaic GPU passes take none)."""
+    return {"segments": True} if segments else {}
 
 
-def _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, bias=None):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
+def _flash_qkv(qkv, code, seed, rate, interpret, impl, blocks, heads, segments):
+    return _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, segments)[0]
+
+
+def _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, segments, bias=None):
     out, lse = impl.forward(qkv, qkv, qkv, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
-                            packed=True, bias=bias)
+                            packed=True, bias=bias, **_segments(segments))
     return out, (qkv, code, seed, out, lse)
 
 
-def _flash_qkv_bwd(rate, interpret, impl, blocks, heads, res, do):
+def _flash_qkv_bwd(rate, interpret, impl, blocks, heads, segments, res, do):
     qkv, code, seed, out, lse = res
     dqkv = impl.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                         heads=heads, packed=True)
+                         heads=heads, packed=True, **_segments(segments))
     return dqkv, None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _flash_qkv_bias(qkv, bias, code, seed, rate, interpret, impl, blocks, heads):
-    return _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, impl, blocks, heads)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _flash_qkv_bias(qkv, bias, code, seed, rate, interpret, impl, blocks, heads, segments):
+    return _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, impl, blocks, heads, segments)[0]
 
 
-def _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, impl, blocks, heads):
+def _flash_qkv_bias_fwd(qkv, bias, code, seed, rate, interpret, impl, blocks, heads, segments):
     """The kernels apply the bias (`blocks.fold_bias`), or XLA adds it first (the residual is then the biased qkv)."""
     if blocks.fold_bias:
-        out, res = _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, bias)
+        out, res = _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, segments, bias)
     else:
-        out, res = _flash_qkv_fwd(_add_bias(qkv, bias), code, seed, rate, interpret, impl, blocks, heads)
+        out, res = _flash_qkv_fwd(_add_bias(qkv, bias), code, seed, rate, interpret, impl, blocks, heads, segments)
     return out, (res, bias)
 
 
-def _flash_qkv_bias_bwd(rate, interpret, impl, blocks, heads, res, do):
+def _flash_qkv_bias_bwd(rate, interpret, impl, blocks, heads, segments, res, do):
     """dQKV, and the bias gradient (dQKV summed over B and S in fp32) from the kernels' per-program column sums."""
     (qkv, code, seed, out, lse), bias = res
     dqkv, dbias = impl.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks,
                                 interpret=interpret, heads=heads, packed=True,
-                                bias=bias if blocks.fold_bias else None, bias_grad=True)
+                                bias=bias if blocks.fold_bias else None, bias_grad=True, **_segments(segments))
     return dqkv, dbias.astype(bias.dtype), None, None
 
 
@@ -259,22 +278,24 @@ _flash_qkv.defvjp(_flash_qkv_fwd, _flash_qkv_bwd)
 _flash_qkv_bias.defvjp(_flash_qkv_bias_fwd, _flash_qkv_bias_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
-def _flash(q, k, v, code, seed, rate, interpret, impl, blocks, heads):
-    out, _ = impl.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
+def _flash(q, k, v, code, seed, rate, interpret, impl, blocks, heads, segments):
+    out, _ = impl.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
+                          **_segments(segments))
     return out
 
 
-def _flash_fwd(q, k, v, code, seed, rate, interpret, impl, blocks, heads):
-    out, lse = impl.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads)
+def _flash_fwd(q, k, v, code, seed, rate, interpret, impl, blocks, heads, segments):
+    out, lse = impl.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
+                            **_segments(segments))
     # Residuals: the inputs (views, no copies), the output and the fp32 logsumexp; the dropout mask is regenerated.
     return out, (q, k, v, code, seed, out, lse)
 
 
-def _flash_bwd(rate, interpret, impl, blocks, heads, res, do):
+def _flash_bwd(rate, interpret, impl, blocks, heads, segments, res, do):
     q, k, v, code, seed, out, lse = res
     dq, dk, dv = impl.backward(q, k, v, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                               heads=heads)
+                               heads=heads, **_segments(segments))
     return dq, dk, dv, None, None  # the int mask code and the uint32 seed words have no cotangent
 
 

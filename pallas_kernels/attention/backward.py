@@ -25,10 +25,11 @@ from . import tiles
 from .blocks import Blocks
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, delta_ref, *out_refs,
-                 scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False, aliased=False,
+def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, do_ref, lse_ref, delta_ref,
+                 *out_refs, scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False, aliased=False,
                  store_ds=False):
-    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); biases as forward;
+    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); qcode_ref (S,)
+    # the query rows' codes with segments, else None; biases as forward;
     # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV, whose C = 1, 2 rows are
     # written here (`aliased`: the dQ kernel's dQKV, passed first as an unread input); then with bias_grad a (2, H)
     # block for the column sums of dK and dV; last with store_ds this key block's dS, (block_k, S) key-major or
@@ -54,7 +55,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
         q, do = q_ref[rows, :], do_ref[rows, :]
         keep = tiles.keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate, key_major=key_major)
         pd, ds = tiles.grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
-                            qk_scale=scale * tiles.LOG2E, rate=rate, key_major=key_major, kb=kb)
+                                 qk_scale=scale * tiles.LOG2E, rate=rate, key_major=key_major, kb=kb,
+                                 qcode=None if qcode_ref is None else qcode_ref[rows])
         if kb is not None:
             ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
         if ds_ref is not None:  # rounded as the dK product (and the dQ kernel's) takes it
@@ -72,10 +74,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref
         sum_ref[1, :] = tiles.colsum(dv)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, dq_ref, delta_ref,
-               *sum_ref, scale, block_k, heads, s_len, rate):
+def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, do_ref, lse_ref, o_ref, dq_ref,
+               delta_ref, *sum_ref, scale, block_k, heads, s_len, rate):
     # q_ref, do_ref, o_ref, dq_ref (block_q, H) (dq_ref: the C = 0 block of the packed dQKV when packed); lse_ref,
-    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); sum_ref: optional (H,) block for dQ's column sums.
+    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); qcode_ref (block_q,) with segments, else None;
+    # sum_ref: optional (H,) block for dQ's column sums.
     # Runs before the dK/dV kernel: it forms delta = rowsum(dO * O) of its rows (read once here, not by a separate
     # XLA pass) and writes it for that kernel.
     block_q, h = q_ref.shape
@@ -83,6 +86,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, 
     q_start = pl.program_id(0) * block_q
     drop = tiles.dropout_base(seed_ref, heads=heads, s_len=s_len)
     q, do, lse = tiles.biased(q_ref[...], qb_ref), do_ref[...], lse_ref[...]
+    qcode = None if qcode_ref is None else qcode_ref[...]
     delta = jnp.sum(o_ref[...].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
     delta_ref[...] = delta
     cq = tiles.bias_dot(do, vb_ref)  # v's bias: dO_s.bv added to every dP of query s
@@ -93,7 +97,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, 
         k = k_ref[kv, :]
         keep = tiles.keep(drop, q_start, k_start, block_q, block_k, t_len=t_len, rate=rate)
         _, ds = tiles.grad_tile(q, k, v_ref[kv, :], do, code_ref[kv], lse, delta, keep,
-                           qk_scale=scale * tiles.LOG2E, rate=rate, cq=cq)
+                                qk_scale=scale * tiles.LOG2E, rate=rate, cq=cq, qcode=qcode)
         return dq + pltriton.dot(ds.astype(k.dtype), k)
 
     _store_dq(dq_ref, sum_ref, lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32)), scale)
@@ -124,10 +128,10 @@ def _store_dq(dq_ref, sum_ref, dq, scale):
         sum_ref[0][...] = tiles.colsum(dq)
 
 
-def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, do_ref, lse_ref, o_ref, *out_refs,
-                      scale, block_q, heads, rate, key_major=False, bias_grad=False):
+def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, do_ref, lse_ref, o_ref,
+                      *out_refs, scale, block_q, heads, rate, key_major=False, bias_grad=False):
     # One program per (b, n) with all T keys: q_ref, do_ref, o_ref (S, H); lse_ref (S,); k_ref, v_ref (T, H);
-    # code_ref (T,); out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV; with
+    # code_ref (T,); qcode_ref (S,) with segments, else None; out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV; with
     # bias_grad last a (3, H) block for the column sums of dQ, dK, dV.
     # Each query block's probabilities (and dropout mask) are computed once, for dV, dK and dQ together; delta =
     # rowsum(dO * O) is formed here too. dQ rows are final after their step (all keys seen) and stored at once.
@@ -148,8 +152,9 @@ def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, d
         q, do = q_ref[rows, :], do_ref[rows, :]
         delta = jnp.sum(o_ref[rows, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
         keep = tiles.keep(drop, q_start, 0, block_q, t_len, t_len=t_len, rate=rate, key_major=key_major)
-        pd, ds = tiles.grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * tiles.LOG2E, rate=rate,
-                            key_major=key_major, kb=kb)
+        pd, ds = tiles.grad_tile(q, k, v, do, code, lse_ref[rows], delta, keep, qk_scale=scale * tiles.LOG2E,
+                                 rate=rate, key_major=key_major, kb=kb,
+                                 qcode=None if qcode_ref is None else qcode_ref[rows])
         if kb is not None:
             ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
         ds = ds.astype(k.dtype)
@@ -194,20 +199,21 @@ def _ds_spec(blocks: Blocks, keys: int, queries: int, key_block, query_block):
 
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, interpret: bool,
-             heads: int | None = None, packed: bool = False, bias=None, bias_grad: bool = False):
+             heads: int | None = None, packed: bool = False, bias=None, bias_grad: bool = False,
+             segments: bool = False):
     """(dq, dk, dv) in the dtypes of (q, k, v); `heads` and `bias` as in `forward`. `packed` (q, k, v one
     (B, S, 3, N, H) array): the packed dQKV (B, S, 3, N, H), written in place by both kernels (no concatenation).
     `bias_grad`: ((those), dbias) with dbias (3, N, H) in fp32, the sums of dQ, dK, dV over B and S (the gradient of
     a Q/K/V bias added before attention, folded or not): each program sums the columns of the tiles it stores, and
-    XLA adds those per-program sums, so dQKV is not read again for it."""
+    XLA adds those per-program sums, so dQKV is not read again for it. `segments`: as in `forward`."""
     b, s, n, h, t = tiles.shapes(q, k, packed)
     heads = n if heads is None else heads
     if blocks.fused_bwd:
         return _backward_fused(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                               heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
+                               heads=heads, packed=packed, bias=bias, bias_grad=bias_grad, segments=segments)
     if blocks.store_ds:
         return _backward_stored_ds(q, k, v, code, seed, o, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                                   heads=heads, packed=packed, bias=bias, bias_grad=bias_grad)
+                                   heads=heads, packed=packed, bias=bias, bias_grad=bias_grad, segments=segments)
     # dQ first: it also forms delta = rowsum(dO * O) (B, N, S) in fp32, which the dK/dV kernel reads in full.
     bq = blocks.block_q_dq
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
@@ -217,8 +223,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
         grid=(s // bq, b, n),
         in_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), tiles.qkv_spec(packed, 1, t, h, lambda i: 0),
                   tiles.qkv_spec(packed, 2, t, h, lambda i: 0), *tiles.bias_specs(bias),
-                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.seed_spec(seed), row_block, stat_block,
-                  row_block],
+                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.qcode_spec(segments, bq, lambda i: i),
+                  tiles.seed_spec(seed), row_block, stat_block, row_block],
         # packed: the C = 0 blocks of a new (B, S, 3, N, H) dQKV, whose C = 1, 2 rows the dK/dV kernel writes
         out_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), stat_block, *_dq_sum_spec(bias_grad, h)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32),
@@ -226,10 +232,10 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
-    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, seed, do, lse, o)
+    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed, do, lse, o)
     dkdv, dkdv_sums, _ = _dkdv_call(q, k, v, code, seed, do, lse, delta, rate=rate, blocks=blocks,
                                     interpret=interpret, heads=heads, packed=packed, bias=bias, bias_grad=bias_grad,
-                                    dqkv=dq if packed else None)
+                                    dqkv=dq if packed else None, segments=segments)
     grads = dkdv[0] if packed else (dq, *dkdv)
     return (grads, _pair_dbias(dq_sums[0], dkdv_sums)) if bias_grad else grads
 
@@ -251,7 +257,7 @@ def _pair_dbias(dq_sums, dkdv_sums):
 
 
 def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, heads, packed, bias, bias_grad,
-               dqkv=None):
+               dqkv=None, segments=False):
     """The dK/dV kernel: ((dk, dv) or (packed dQKV,), per-program column sums or None, dS or None). Packed, it
     writes C = 1, 2 of `dqkv` in place (aliased; the dQ kernel's) or, without one, of a new (B, S, 3, N, H) array
     whose C = 0 the dQ kernel fills. With `blocks.store_ds` it also stores dS (`_ds_shape`)."""
@@ -275,7 +281,7 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
         out_specs = out_specs + [_ds_spec(blocks, bk, s, lambda j: j, lambda j: 0)]
         out_shapes = out_shapes + [jax.ShapeDtypeStruct(_ds_shape(blocks, b, n, s, t), q.dtype)]
     aliased = dqkv is not None
-    operands = [q, k, v, *tiles.bias_args(bias, q.dtype), code, seed, do, lse, delta]
+    operands = [q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed, do, lse, delta]
     outs = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
                           key_major=blocks.key_major, bias_grad=bias_grad, aliased=aliased,
@@ -283,8 +289,8 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
         grid=(t // bk, b, n),
         in_specs=[tiles.qkv_spec(packed, 0, s, h, lambda j: 0), tiles.qkv_spec(packed, 1, bk, h, lambda j: j),
                   tiles.qkv_spec(packed, 2, bk, h, lambda j: j), *tiles.bias_specs(bias),
-                  pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), tiles.seed_spec(seed), seq_full, stat_full,
-                  stat_full] + (out_specs[:1] if aliased else []),
+                  pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), tiles.qcode_spec(segments, s, lambda j: 0),
+                  tiles.seed_spec(seed), seq_full, stat_full, stat_full] + (out_specs[:1] if aliased else []),
         out_specs=out_specs, out_shape=out_shapes,
         # the aliased operand's flat index: None operands (seed, biases) are dropped
         input_output_aliases={sum(x is not None for x in operands): 0} if aliased else {},
@@ -297,13 +303,13 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
 
 
 def _backward_stored_ds(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None,
-                        bias_grad=False):
+                        bias_grad=False, segments=False):
     """`backward` with `Blocks.store_ds`: delta by XLA, the dK/dV kernel (storing dS), then dQ = dS K."""
     b, s, n, h, t = tiles.shapes(q, k, packed)
     delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))
     dkdv, dkdv_sums, ds = _dkdv_call(q, k, v, code, seed, do, lse, delta, rate=rate, blocks=blocks,
                                      interpret=interpret, heads=heads, packed=packed, bias=bias,
-                                     bias_grad=bias_grad)
+                                     bias_grad=bias_grad, segments=segments)
     bq = blocks.block_q_dq
     dq_spec = tiles.qkv_spec(packed, 0, bq, h, lambda i: i)
     dq, *dq_sums = pl.pallas_call(
@@ -325,7 +331,7 @@ def _backward_stored_ds(q, k, v, code, seed, o, lse, do, *, rate, blocks, interp
 
 
 def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None,
-                    bias_grad=False):
+                    bias_grad=False, segments=False):
     """`backward` as one kernel per (b, n) (`Blocks.fused_bwd`): grid (1, B, N), every block spans S or T."""
     b, s, n, h, t = tiles.shapes(q, k, packed)
     seq_full = pl.BlockSpec((None, s, None, h), lambda j, b_, n_: (b_, 0, n_, 0))
@@ -345,12 +351,13 @@ def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret,
         grid=(1, b, n),
         in_specs=[tiles.qkv_spec(packed, 0, s, h, lambda j: 0), tiles.qkv_spec(packed, 1, t, h, lambda j: 0),
                   tiles.qkv_spec(packed, 2, t, h, lambda j: 0), *tiles.bias_specs(bias),
-                  pl.BlockSpec((None, t), lambda j, b_, n_: (b_, 0)), tiles.seed_spec(seed), seq_full,
-                  pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)), seq_full],
+                  pl.BlockSpec((None, t), lambda j, b_, n_: (b_, 0)), tiles.qcode_spec(segments, s, lambda j: 0),
+                  tiles.seed_spec(seed), seq_full, pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)),
+                  seq_full],
         out_specs=out_specs, out_shape=out_shapes,
         compiler_params=compiler_params(blocks.num_warps_fused, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_bwd_fused",
-    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, seed, do, lse, o)
+    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed, do, lse, o)
     if bias_grad:
         *grads, sums = grads
     grads = grads[0] if packed else tuple(grads)

@@ -3,6 +3,8 @@ candidates, and the shape checks run before anything compiles."""
 
 import dataclasses
 
+import jax.numpy as jnp
+
 from .._pallas import fit_pow2
 
 
@@ -92,9 +94,9 @@ def is_pow2(x: int) -> bool:
     return x >= 1 and x & (x - 1) == 0
 
 
-def check_inputs(q, k, v, mask, blocks: Blocks | None = None) -> None:
+def check_inputs(q, k, v, mask, blocks: Blocks | None = None, segments: bool = False) -> None:
     """Raise ValueError, naming the value, for shapes the kernels cannot take, with `blocks` if given (before anything
-    compiles)."""
+    compiles). `segments`: the mask holds packed rows' integer segment ids, which needs self-attention (T = S)."""
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"q and k must be (B, S, N, H) and (B, T, N, H); got {q.shape=} {k.shape=}")
     b, s, n, h = q.shape
@@ -103,6 +105,9 @@ def check_inputs(q, k, v, mask, blocks: Blocks | None = None) -> None:
         raise ValueError(f"k and v must be (B, T, N, H) matching {q.shape=}; got {k.shape=} {v.shape=}")
     if mask.shape != (b, t):
         raise ValueError(f"mask must be (B, T) = {(b, t)}; got {mask.shape=}")
+    if segments and (t != s or not jnp.issubdtype(mask.dtype, jnp.integer)):
+        raise ValueError(f"segments=True takes integer segment ids (B, S) for self-attention (T = S); got "
+                         f"{mask.dtype=} with S={s}, T={t}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype; got {q.dtype=} {k.dtype=} {v.dtype=}")
     if not is_pow2(h) or h < 16:

@@ -19,23 +19,24 @@ from . import tiles
 from .blocks import Blocks
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, lse_ref, *, scale, block_k, heads,
-                s_len, rate):
-    # q_ref (block_q, H); k_ref, v_ref (T, H); qb_ref, vb_ref (H,) q and v biases or None; code_ref (T,);
-    # o_ref (block_q, H); lse_ref (block_q,)
+def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, o_ref, lse_ref, *, scale,
+                block_k, heads, s_len, rate):
+    # q_ref (block_q, H); k_ref, v_ref (T, H); qb_ref, vb_ref (H,) q and v biases or None; code_ref (T,); qcode_ref
+    # (block_q,) the query rows' codes with segments, else None; o_ref (block_q, H); lse_ref (block_q,)
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
     drop = tiles.dropout_base(seed_ref, heads=heads, s_len=s_len)
     qk_scale = scale * tiles.LOG2E
     q = tiles.biased(q_ref[...], qb_ref)
+    qcode = None if qcode_ref is None else qcode_ref[...]
     kept_sum = vb_ref is not None and seed_ref is not None  # v's bias needs rowsum(P * keep): l only without dropout
 
     def body(j, carry):  # online softmax over key blocks (FlashAttention-2 Alg. 1), unnormalised accumulator
         acc, m, l, ld = carry
         k_start = pl.multiple_of(j * block_k, block_k)
         kv = pl.ds(k_start, block_k)
-        s = tiles.scores(q, k_ref[kv, :], code_ref[kv], qk_scale)
+        s = tiles.scores(q, k_ref[kv, :], code_ref[kv], qk_scale, qcode)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp2(m - m_new)  # rescales the old sums; 0 on the first step (m = -inf)
         p = jnp.exp2(s - m_new[:, None])
@@ -59,7 +60,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, seed_ref, o_ref, 
 
 
 def forward(q, k, v, code, seed, *, rate: float, blocks: Blocks, interpret: bool, heads: int | None = None,
-            packed: bool = False, bias=None):
+            packed: bool = False, bias=None, segments: bool = False):
     """Context (B, S, N, H) in q's dtype and the fp32 base-2 logsumexp (B, N, S).
 
     `code` from `mask_code`; `seed` from `seed_words`, or None for no dropout (the kernel then has no dropout code).
@@ -67,6 +68,7 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: Blocks, interpret: bool
     `packed`: q, k and v are the same (B, S, 3, N, H) array (C = q, k, v), read in place (no slices).
     `bias`: None, or the (3, N, H) Q/K/V projection bias, applied inside the kernels (AIB fused; `tiles.py` says
     how: only tiles loaded once per program get it added).
+    `segments`: `code` is `mask_code(segment_ids, segments=True)` of packed rows (S = T), read for the query rows too.
     """
     b, s, n, h, t = tiles.shapes(q, k, packed)
     heads = n if heads is None else heads
@@ -77,9 +79,10 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: Blocks, interpret: bool
         grid=(s // bq, b, n),
         in_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), tiles.qkv_spec(packed, 1, t, h, lambda i: 0),
                   tiles.qkv_spec(packed, 2, t, h, lambda i: 0), *tiles.bias_specs(bias),
-                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.seed_spec(seed)],
+                  pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.qcode_spec(segments, bq, lambda i: i),
+                  tiles.seed_spec(seed)],
         out_specs=[out_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
         out_shape=[jax.ShapeDtypeStruct((b, s, n, h), q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
         compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret, name="flash_attention_fwd",
-    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, seed)
+    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed)

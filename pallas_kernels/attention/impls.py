@@ -34,13 +34,16 @@ class Call:
     dtype: str
     rate: float
     packed: bool = False
+    segments: bool = False  # packed sequences: the mask holds segment ids (`reference.segment_mask`)
 
 
-def _mosaic_forward(*args, blocks, **kw):  # the Mosaic GPU kernels take no tile sizes
+def _mosaic_forward(*args, blocks, segments=False, **kw):  # the Mosaic GPU kernels take no tile sizes or segments
+    assert not segments, "the Mosaic GPU kernels take a key mask only (Kernels.supports)"
     return kernel_mgpu.forward(*args, **kw)
 
 
-def _mosaic_backward(*args, blocks, **kw):
+def _mosaic_backward(*args, blocks, segments=False, **kw):
+    assert not segments, "the Mosaic GPU kernels take a key mask only (Kernels.supports)"
     return kernel_mgpu.backward(*args, **kw)
 
 
@@ -55,6 +58,8 @@ class Kernels(Implementation):
     def supports(self, call: Call, device):
         if not self.mosaic:
             return None
+        if call.segments:
+            return Skip("takes a key mask only, not packed rows' segment ids", "call")
         try:
             kernel_mgpu.check_shape(call.seq_q, call.seq_k, call.head_dim, call.dtype)
         except ValueError as e:
@@ -85,10 +90,10 @@ ATTENTION_QKV = registry.register(Operator(
     (MOSAIC_BWD, TRITON, MOSAIC, Reference(reference.attention_qkv)), ("mosaic_bwd", "triton", "xla")))
 
 
-def call_of(q_shape, k_shape, dtype, rate: float, packed: bool) -> Call:
+def call_of(q_shape, k_shape, dtype, rate: float, packed: bool, segments: bool = False) -> Call:
     """The Call of q (B, S, N, H) and k (B, T, N, H) shapes (packed: both the (B, S, 3, N, H) projection's)."""
     if packed:
         b, s, _, n, h = q_shape
-        return Call(b, s, s, n, h, jnp.dtype(dtype).name, float(rate), True)
+        return Call(b, s, s, n, h, jnp.dtype(dtype).name, float(rate), True, segments)
     b, s, n, h = q_shape
-    return Call(b, s, k_shape[1], n, h, jnp.dtype(dtype).name, float(rate), False)
+    return Call(b, s, k_shape[1], n, h, jnp.dtype(dtype).name, float(rate), False, segments)

@@ -44,10 +44,26 @@ def shapes(q, k, packed: bool):
     return b, s, n, h, k.shape[1]
 
 
-def mask_code(mask):
-    """int32 (B, T): 1 at real keys, 0 at padded keys, -1 at every key of an example without real keys."""
-    real = mask.astype(bool)
-    return jnp.where(real, 1, jnp.where(jnp.any(real, axis=1, keepdims=True), 0, -1)).astype(jnp.int32)
+def mask_code(mask, segments: bool = False):
+    """int32 (B, T): 1 at real keys, 0 at padded keys, -1 at every key of an example without real keys. With
+    `segments`, `mask` holds packed rows' segment ids (B, S) and real keys keep their id (> 0): the kernels then read
+    the code of the query rows too (`allowed`)."""
+    real = mask.astype(bool) if not segments else mask > 0
+    code = mask.astype(jnp.int32) if segments else 1
+    return jnp.where(real, code, jnp.where(jnp.any(real, axis=1, keepdims=True), 0, -1)).astype(jnp.int32)
+
+
+def allowed(code, qcode):
+    """(allowed, fill) of a tile, broadcast against its scores: which scores are kept and what the others become.
+
+    Key mask (`qcode` None): real keys are kept; padded ones get PADDED, every key of an all-padded example 0 (the
+    uniform distribution). Segments (`qcode`: the code of the tile's query rows): a real key is kept for the queries
+    of its own segment and for padding queries (code <= 0, which attend every real key, as under a key mask); the
+    others get PADDED, the keys of an all-padded example 0 as before. `code` and `qcode` come shaped for the tile
+    ((1, keys) and (queries, 1), or transposed for key-major tiles)."""
+    if qcode is None:
+        return code > 0, jnp.where(code == 0, PADDED, 0.0)
+    return (code > 0) & ((qcode <= 0) | (qcode == code)), jnp.where(code < 0, 0.0, PADDED)
 
 
 def biased(x, bias_ref):
@@ -65,11 +81,11 @@ def bias_dot(x, bias_ref):
     return jnp.sum(x.astype(jnp.float32) * bias_ref[...].astype(jnp.float32)[None, :], axis=1)
 
 
-def scores(q, k, code, qk_scale):
-    """Masked base-2 scores (block_q, block_k) in fp32."""
+def scores(q, k, code, qk_scale, qcode=None):
+    """Masked base-2 scores (block_q, block_k) in fp32; `qcode` (block_q,) the query rows' codes with segments."""
     s = pltriton.dot(q, k, trans_b=True) * qk_scale
-    fill = jnp.where(code == 0, PADDED, 0.0)[None, :]
-    return jnp.where(code[None, :] > 0, s, fill)
+    keep, fill = allowed(code[None, :], None if qcode is None else qcode[:, None])
+    return jnp.where(keep, s, fill)
 
 
 def dropout_base(seed_ref, *, heads, s_len):
@@ -104,34 +120,38 @@ def keep(drop, q_start, k_start, block_q, block_k, *, t_len, rate, key_major=Fal
     return keep.T if key_major else keep
 
 
-def grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False, kb=None, cq=None):
+def grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=False, kb=None, cq=None,
+              qcode=None):
     """(dropped probabilities for dV, dS w.r.t. the natural-log scores) of one tile; FlashAttention-2 Alg. 2.
 
     With D = keep / (1 - rate): O = (P*D) V, so dP = D * (dO V^T) and dS = P * (dP - rowsum(P * dP)), where
     rowsum(P * dP) = rowsum(dO * O) = delta still holds with dropout. Tiles are (block_q, block_k), or with
     `key_major` their transposes (Pd^T, dS^T) from k @ q^T and v @ dO^T (`keep` from `keep(..., key_major=True)`).
     `kb` (per key) is added to the raw scores and `cq` (per query) to dO V^T: the q and v biases (module docstring).
+    `qcode` (per query): the query rows' codes with segments (`allowed`).
     """
     if key_major:  # per-key values run down the rows, per-query values along them
         s, dp = pltriton.dot(k, q, trans_b=True), pltriton.dot(v, do, trans_b=True)
         code, lse, delta = code[:, None], lse[None, :], delta[None, :]
         kb, cq = (None if kb is None else kb[:, None]), (None if cq is None else cq[None, :])
+        qcode = None if qcode is None else qcode[None, :]
     else:
         s, dp = pltriton.dot(q, k, trans_b=True), pltriton.dot(do, v, trans_b=True)
         code, lse, delta = code[None, :], lse[:, None], delta[:, None]
         kb, cq = (None if kb is None else kb[None, :]), (None if cq is None else cq[:, None])
+        qcode = None if qcode is None else qcode[:, None]
     if kb is not None:
         s = s + kb
     if cq is not None:
         dp = dp + cq
-    real = code > 0
-    p = jnp.exp2(jnp.where(real, s * qk_scale, jnp.where(code == 0, PADDED, 0.0)) - lse)  # as `scores`
+    real, fill = allowed(code, qcode)
+    p = jnp.exp2(jnp.where(real, s * qk_scale, fill) - lse)  # as `scores`
     pd = p
     if keep is not None:
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
-    # The reference's `where` passes no gradient to padded keys; only all-padded examples (code -1) have p != 0 there.
+    # The reference's `where` passes no gradient to masked keys; only all-padded examples (code -1) have p != 0 there.
     return pd, jnp.where(real, p * (dp - delta), 0.0)
 
 
@@ -173,6 +193,12 @@ def colsum(x):
     return jnp.max(pltriton.dot(jnp.ones((16, x.shape[0]), x.dtype), x), axis=0)
 
 # ---------------------------------------------------------------------------------------------- BlockSpecs
+
+def qcode_spec(segments: bool, rows: int, row_block):
+    """BlockSpec of the query rows' codes (with segments: the same (B, S) code array, read by query rows), grid
+    (i, b, n); None without segments (Pallas drops None operands)."""
+    return pl.BlockSpec((None, rows), lambda i, b_, n_: (b_, row_block(i))) if segments else None
+
 
 def seed_spec(seed):
     return None if seed is None else pl.BlockSpec((4,), lambda *_: (0,))  # [seed0, seed1, b offset, n offset]

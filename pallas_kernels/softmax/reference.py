@@ -15,17 +15,16 @@ def scaled_masked_softmax(scores, mask, *, scale: float, seed=None, rate: float 
 
     `mask` is True (or 1) at real key positions. Softmax in float32; the result has `scores`' dtype.
     Masked keys get probability exactly 0; a row whose keys are all masked becomes uniform (never NaN).
+    A (B, S, T) `mask` masks per query row instead (packed sequences: `pallas_kernels.attention.segment_mask`).
     """
     s = scores.astype(jnp.float32) * scale
-    if layout == "BNST":
-        key_mask = mask.astype(bool)[:, None, None, :]
-    else:  # (B, T) -> size-1 axes at N and S, B and T in their stored order
-        if sorted(layout) != sorted("BNST"):
-            raise ValueError(f"{layout=} must be a permutation of 'BNST'")
-        key_mask = mask.astype(bool)
-        if layout.index("T") < layout.index("B"):
-            key_mask = key_mask.T
-        key_mask = key_mask.reshape([scores.shape[i] if c in "BT" else 1 for i, c in enumerate(layout)])
+    if sorted(layout) != sorted("BNST"):
+        raise ValueError(f"{layout=} must be a permutation of 'BNST'")
+    letters = "BT" if mask.ndim == 2 else "BST"
+    # the mask's letters in their stored order, then size-1 axes where the others are stored
+    stored = [c for c in layout if c in letters]
+    key_mask = jnp.transpose(mask.astype(bool), [letters.index(c) for c in stored])
+    key_mask = key_mask.reshape([scores.shape[i] if c in letters else 1 for i, c in enumerate(layout)])
     s = jnp.where(key_mask, s, jnp.finfo(jnp.float32).min)
     p = jax.nn.softmax(s, axis=layout.index("T"))
     if rate:

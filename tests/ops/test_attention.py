@@ -63,12 +63,21 @@ def _rel_err(x, ref):
     return float(np.max(np.abs(x - ref)) / np.max(np.abs(ref)))
 
 
-def _check(q, k, v, mask, g, *, rate, seed=1, exact_reference=False, **kw):
+def _segments(lengths, s):
+    """(B, S) int32 segment ids of packed rows: row b holds samples of the given lengths one after another (ids 1, 2,
+    ...), then padding (0)."""
+    ids = np.zeros((len(lengths), s), np.int32)
+    for b, row in enumerate(lengths):
+        ids[b, :sum(row)] = np.repeat(np.arange(1, len(row) + 1), row)
+    return jnp.asarray(ids)
+
+
+def _check(q, k, v, mask, g, *, rate, seed=1, exact_reference=False, segments=False, **kw):
     """Kernel vs reference on the same inputs; `exact_reference` runs the reference in fp32 on them (the truth)."""
     seed = seed_from_key(jax.random.key(seed))
-    got = _value_and_vjp(flash_attention, q, k, v, mask, g, seed, rate, **kw)
+    got = _value_and_vjp(flash_attention, q, k, v, mask, g, seed, rate, segments=segments, **kw)
     ref_inputs = [x.astype(jnp.float32) if exact_reference else x for x in (q, k, v, g)]
-    want = _value_and_vjp(attention, *ref_inputs[:3], mask, ref_inputs[3], seed, rate)
+    want = _value_and_vjp(attention, *ref_inputs[:3], mask, ref_inputs[3], seed, rate, segments=segments)
     tol = _TOL[q.dtype.type]
     for name, x, like, ref in zip(("out", "dq", "dk", "dv"), got, (q, q, k, v), want):
         assert x.dtype == like.dtype, (name, x.dtype, like.dtype)
@@ -117,6 +126,55 @@ def test_backward_variants_match_reference(packed, fused, key_major, store_ds):
     else:
         q, k, v, g = _inputs(jax.random.key(19), 4, 64, 128, 2, 64, jnp.float32)
         _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, blocks=blocks)
+
+
+# Packed rows: several samples, a sample alone, padding after them, and an all-padding row.
+_ROWS = [[20, 9, 30], [64], [7, 1], []]
+
+
+@pytest.mark.parametrize(("packed", "fused", "key_major", "store_ds"), [
+    (True, True, True, False), (True, False, True, True), (False, True, False, False), (False, False, False, False)])
+def test_segments_match_reference(packed, fused, key_major, store_ds):
+    # Segment ids (packed sequences): a query attends only the keys of its sample, in every backward form, with
+    # dropout, sample boundaries inside the tiles and across them, and (packed) the bias folded in.
+    blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major, fold_bias=True, store_ds=store_ds)
+    ids = _segments(_ROWS, 64)
+    if packed:
+        qkv = jax.random.normal(jax.random.key(35), (4, 64, 3, 2, 32), jnp.float32)
+        g = jax.random.normal(jax.random.key(36), (4, 64, 2, 32), jnp.float32)
+        _check_packed(qkv, ids, g, rate=0.2, blocks=blocks, bias=_packed_bias(qkv), segments=True)
+    else:
+        q, k, v, g = _inputs(jax.random.key(37), 4, 64, 64, 2, 32, jnp.float32)
+        _check(q, k, v, ids, g, rate=0.1, seed=3, blocks=blocks, segments=True)
+
+
+def test_segment_mask_isolates_samples():
+    # The reference's meaning: each sample of a packed row gets what it gets alone in a row of its own (its keys
+    # only), and segment ids of one sample are the key mask exactly; the mask's shape and dtype checks.
+    q, k, v, _ = _inputs(jax.random.key(38), 1, 64, 64, 2, 32, jnp.float32)
+    ids = _segments([[20, 9, 30]], 64)
+    packed = attention(q, k, v, ids, segments=True)
+    start = 0
+    for length in (20, 9, 30):
+        part = slice(start, start + length)
+        alone = attention(q[:, part], k[:, part], v[:, part], jnp.ones((1, length), bool))
+        np.testing.assert_allclose(packed[:, part], alone, rtol=1e-5, atol=1e-6)
+        start += length
+    one = _segments([[40]], 64)
+    np.testing.assert_array_equal(attention(q, k, v, one, segments=True), attention(q, k, v, one > 0))
+    np.testing.assert_array_equal(flash_attention(q, k, v, one, segments=True, interpret=True),
+                                  flash_attention(q, k, v, one > 0, interpret=True))
+    with pytest.raises(ValueError, match="segments=True takes integer segment ids"):
+        flash_attention(q, k, v, one > 0, segments=True)
+    with pytest.raises(ValueError, match="segments=True takes integer segment ids"):
+        flash_attention(q, k[:, :32], v[:, :32], one[:, :32], segments=True)
+
+
+def test_registry_skips_mosaic_for_segments():
+    call = impls.Call(64, 128, 128, 16, 64, "bfloat16", 0.1, True, True)
+    choice = registry.choose("attention_qkv", call, Device.named("h200"))
+    assert choice.impl.name == "triton"
+    assert any(name == "mosaic_bwd" and "segment ids" in skip.reason for name, skip in choice.skipped)
 
 
 def test_default_backward_kernels():
@@ -314,13 +372,13 @@ def test_shape_errors_name_the_value():
     assert default_blocks(96, 32).block_q == 32  # defaults pick a power of two that divides S
 
 
-def _packed_value_and_vjp(fn, qkv, mask, g, seed, rate, bias=None):
+def _packed_value_and_vjp(fn, qkv, mask, g, seed, rate, bias=None, segments=False):
     """(context, dQKV) or, with a bias (3, N, H), (context, dQKV, dbias)."""
     def run(qkv, g, bias):
         if bias is None:
-            out, vjp = jax.vjp(lambda x: fn(x, mask, seed=seed, rate=rate), qkv)
+            out, vjp = jax.vjp(lambda x: fn(x, mask, seed=seed, rate=rate, segments=segments), qkv)
         else:
-            out, vjp = jax.vjp(lambda x, b: fn(x, mask, bias=b, seed=seed, rate=rate), qkv, bias)
+            out, vjp = jax.vjp(lambda x, b: fn(x, mask, bias=b, seed=seed, rate=rate, segments=segments), qkv, bias)
         return (out, *vjp(g))
     with jax.default_matmul_precision("highest"):
         return jax.jit(run)(qkv, g, bias)
@@ -331,12 +389,13 @@ def _packed_bias(qkv, key=21):
     return jax.random.normal(jax.random.key(key), (3, *qkv.shape[3:]), jnp.float32)
 
 
-def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, **kw):
+def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, segments=False, **kw):
     """flash_attention_qkv vs the reference on the C-slices of qkv (fp32 reference on the same inputs): the context
     and the packed gradient, whose C = 0 part is written by the dQ kernel and C = 1, 2 by dK/dV; with `bias` also
     its gradient (q's and v's parts; k's is zero up to rounding in both, so it is checked against dQKV's scale)."""
     seed = seed_from_key(jax.random.key(seed))
-    got = _packed_value_and_vjp(lambda *a, **k: flash_attention_qkv(*a, **k, **kw), qkv, mask, g, seed, rate, bias)
+    got = _packed_value_and_vjp(lambda *a, **k: flash_attention_qkv(*a, **k, **kw), qkv, mask, g, seed, rate, bias,
+                                segments)
     # The reference is fp32 attention on the biased input as each path rounds it (the documented operator): XLA's
     # add where the kernels do not fold the bias rounds the sum q/k/v + bias in qkv's dtype; the folding kernels round
     # at most q + bq (where a kernel loads q once, `_biased`; k's bias drops out of the softmax and v's enters through
@@ -345,13 +404,13 @@ def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, **kw):
     # benchmarks/results/kernels-h200.md, Attention.)
     g32 = g.astype(jnp.float32)
     if bias is None:
-        ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g32, seed, rate)
+        ref = _packed_value_and_vjp(attention_qkv, qkv.astype(jnp.float32), mask, g32, seed, rate, segments=segments)
     else:
         biased = (qkv + bias.astype(qkv.dtype)).astype(jnp.float32)  # every sum rounded
         if (kw.get("blocks") or default_blocks(qkv.shape[1], qkv.shape[-1])).fold_bias:  # q's only
             exact = qkv.astype(jnp.float32) + bias.astype(qkv.dtype).astype(jnp.float32)
             biased = exact.at[:, :, 0].set(biased[:, :, 0])
-        out, dqkv = _packed_value_and_vjp(attention_qkv, biased, mask, g32, seed, rate)
+        out, dqkv = _packed_value_and_vjp(attention_qkv, biased, mask, g32, seed, rate, segments=segments)
         ref = (out, dqkv, dqkv.sum(axis=(0, 1)))
     tol = _TOL[qkv.dtype.type]
     assert got[0].dtype == qkv.dtype and got[1].dtype == qkv.dtype and got[1].shape == qkv.shape
@@ -482,6 +541,18 @@ def test_mosaic_backward_loops_over_heads_on_gpu(packed):
     else:
         q, k, v, g = _inputs(jax.random.key(34), 20, 128, 128, 16, 64, jnp.bfloat16)
         _check(q, k, v, mask, g, rate=0.1, exact_reference=True, interpret=False, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+@pytest.mark.parametrize(("s", "variant"), [(s, v) for s, v, impl in _GPU_CASES if impl == "triton"])
+def test_segments_compiled_match_reference_on_gpu(s, variant, rate):
+    # Packed rows on the GPU: the packed projection with its bias, every Triton backward form at S = 128 and 512.
+    rows = [[s // 4, s // 2, s // 8], [s], [5, s // 3], [s // 2 + 3, 11]]
+    qkv = jax.random.normal(jax.random.key(39), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(40), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
+    _check_packed(qkv, _segments(rows, s), g, rate=rate, interpret=False, bias=_packed_bias(qkv), segments=True,
+                  **_gpu_blocks(s, variant, "triton"))
 
 
 @pytest.mark.gpu
