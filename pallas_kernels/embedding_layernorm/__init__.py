@@ -26,16 +26,22 @@ __all__ = ["Call", "embedding_layernorm", "reference"]
 
 def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, *, seed, rate: float,
                         eps: float, dtype=jnp.float32, interpret: bool | None = None, blocks: _k.Blocks | None = None,
-                        impl: str | None = None):
+                        impl: str | None = None, position_ids=None):
     """Fused `reference.embedding_layernorm` (same contract): ids (B, S) int, word (V, D), position (S, D),
     token_type (T, D), scale and ln_bias (D,). Per batch shard on a data-parallel mesh. `impl` names an
-    implementation (`impls.py`; default: the registry's choice: the reference where the mesh splits the tables)."""
+    implementation (`impls.py`; default: the registry's choice: the reference where the mesh splits the tables, or
+    with `position_ids` (packed rows; `position` is then the whole table))."""
     if input_ids.shape != token_type_ids.shape or input_ids.ndim != 2:
         raise ValueError(f"input_ids.shape={input_ids.shape} and token_type_ids.shape={token_type_ids.shape} must "
                          "be the same (B, S)")
     if not jnp.issubdtype(token_type_ids.dtype, jnp.integer):
         raise ValueError(f"token_type_ids.dtype={token_type_ids.dtype} must be an integer type")
-    _k.check_shapes(input_ids, word, position, token_type)
+    if position_ids is not None:
+        if position_ids.shape != input_ids.shape:
+            raise ValueError(f"position_ids.shape={position_ids.shape} must be input_ids.shape={input_ids.shape}")
+        _k.check_shapes(input_ids, word, position[:input_ids.shape[1]], token_type)
+    else:
+        _k.check_shapes(input_ids, word, position, token_type)
     d = word.shape[1]
     for name, v in (("scale", scale), ("ln_bias", ln_bias)):
         if v.shape != (d,):
@@ -43,11 +49,13 @@ def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, s
     if rate and seed is None:
         raise ValueError(f"rate={rate} needs a seed")
     interpret, mesh = pk.resolve_interpret(interpret), current_mesh()
-    call = Call(input_ids.size // shard_counts(mesh)[0], d, jnp.dtype(dtype).name, float(rate), mesh_axes(mesh))
+    call = Call(input_ids.size // shard_counts(mesh)[0], d, jnp.dtype(dtype).name, float(rate), mesh_axes(mesh),
+                position_ids is not None)
     choice = registry.choose("embedding_layernorm", call, impl=impl, blocks=blocks, interpret=interpret)
     if not choice.impl.kernel:
         return choice.impl.fn(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, seed=seed,
-                              rate=rate, eps=eps, dtype=dtype)
+                              rate=rate, eps=eps, dtype=dtype,
+                              **({} if position_ids is None else {"position_ids": position_ids}))
     seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
     ids, types = input_ids.astype(jnp.int32), token_type_ids.astype(jnp.int32)
     return _op(ids, types, word, position, token_type, scale, ln_bias, seed, float(rate), float(eps),

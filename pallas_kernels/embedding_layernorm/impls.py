@@ -26,6 +26,7 @@ class Call:
     dtype: str
     rate: float
     mesh: tuple[tuple[str, int], ...] = ()
+    positions: bool = False  # position ids given (packed rows), not positions 0..S-1
 
 
 class Triton(Implementation):
@@ -36,6 +37,8 @@ class Triton(Implementation):
         split = [f"{axis}={size}" for axis, size in call.mesh if axis in TABLE_AXES and size > 1]
         if split:
             return Skip(f"the mesh splits the tables ({', '.join(split)}): the kernels read whole tables")
+        if call.positions:
+            return Skip("position ids (packed rows): the kernels add position s to column s of every row")
         return None
 
     def default(self, call: Call, device):

@@ -134,3 +134,25 @@ def test_compiled_matches_reference_on_gpu(batch, seq, d):
     """The kernels compiled: BERT-large/base shapes with its vocabulary, and a ragged one."""
     _case(batch, seq, d, 30522, 2, jnp.bfloat16, 0.1, seed=seq + d, interpret=False)
     _case(batch, seq, d, 30522, 2, jnp.float32, 0.0, seed=seq + d + 1, interpret=False)
+
+
+def test_position_ids_gather_the_positions():
+    """Position ids (packed rows, positions restarting per sample): the entry point runs the reference, which adds
+    position[position_ids[b, s]]; positions 0..S-1 as ids give the unpacked result exactly."""
+    k = jax.random.split(jax.random.key(41), 6)
+    ids = jax.random.randint(k[0], (2, 16), 0, 50)
+    tt = jax.random.randint(k[1], (2, 16), 0, 2)
+    word, position, types = (jax.random.normal(k[i], (n, 64)) for i, n in ((2, 50), (3, 32), (4, 2)))
+    ln = (jnp.ones((64,)), jnp.zeros((64,)))
+    kw = dict(seed=None, rate=0.0, eps=1e-12)
+    pos_ids = jnp.asarray(np.concatenate([np.arange(10), np.arange(6)])[None].repeat(2, 0), jnp.int32)
+    got = embedding.embedding_layernorm(ids, tt, word, position, types, *ln, **kw, position_ids=pos_ids)
+    want = (jnp.take(word, ids, axis=0) + jnp.take(position, pos_ids, axis=0) + jnp.take(types, tt, axis=0))
+    want = (want - want.mean(-1, keepdims=True)) / jnp.sqrt(want.var(-1, keepdims=True) + 1e-12)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    arange = jnp.broadcast_to(jnp.arange(16, dtype=jnp.int32), (2, 16))
+    np.testing.assert_array_equal(
+        reference.embedding_layernorm(ids, tt, word, position, types, *ln, **kw, position_ids=arange),
+        reference.embedding_layernorm(ids, tt, word, position[:16], types, *ln, **kw))
+    with pytest.raises(ValueError, match="position_ids.shape"):
+        embedding.embedding_layernorm(ids, tt, word, position, types, *ln, **kw, position_ids=pos_ids[:, :8])
