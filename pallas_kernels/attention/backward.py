@@ -25,11 +25,11 @@ from . import tiles
 from .blocks import Blocks
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, do_ref, lse_ref, delta_ref,
-                 *out_refs, scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False, aliased=False,
-                 store_ds=False):
-    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); qcode_ref (S,)
-    # the query rows' codes with segments, else None; biases as forward;
+def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_ref, seed_ref, do_ref, lse_ref,
+                 delta_ref, *out_refs, scale, block_q, heads, t_len, rate, key_major=False, bias_grad=False,
+                 aliased=False, store_ds=False):
+    # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); with segments
+    # qcode_ref (S,) the query rows' codes and span_ref (2,) the query blocks to visit, else None; biases as forward;
     # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV, whose C = 1, 2 rows are
     # written here (`aliased`: the dQ kernel's dQKV, passed first as an unread input); then with bias_grad a (2, H)
     # block for the column sums of dK and dV; last with store_ds this key block's dS, (block_k, S) key-major or
@@ -67,17 +67,31 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_
         return *tiles.accumulate_dkdv(dk, dv, pd, ds, q, do, key_major=key_major), ds_sum
 
     zeros = jnp.zeros((block_k, h), jnp.float32)
-    dk, dv, ds_sum = lax.fori_loop(0, s_len // block_q, body, (zeros, zeros, jnp.zeros((block_k,), jnp.float32)))
+    n_blocks = s_len // block_q
+    first, end = tiles.block_span(span_ref, n_blocks)  # the other query blocks have no kept score with these keys
+    dk, dv, ds_sum = lax.fori_loop(first, end, body, (zeros, zeros, jnp.zeros((block_k,), jnp.float32)))
+    if ds_ref is not None and span_ref is not None:  # the skipped tiles' dS is 0 for the dQ = dS K kernel
+        def zero(i, carry):
+            rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
+            if key_major:
+                ds_ref[:, rows] = jnp.zeros((block_k, block_q), ds_ref.dtype)
+            else:
+                ds_ref[rows, :] = jnp.zeros((block_q, block_k), ds_ref.dtype)
+            return carry
+
+        lax.fori_loop(0, first, zero, 0)
+        lax.fori_loop(end, n_blocks, zero, 0)
     dk, dv = tiles.store_dkdv(out_refs, tiles.dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)  # d(q.k * scale)/dk = scale * q
     if sum_ref is not None:
         sum_ref[0, :] = tiles.colsum(dk)
         sum_ref[1, :] = tiles.colsum(dv)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, do_ref, lse_ref, o_ref, dq_ref,
-               delta_ref, *sum_ref, scale, block_k, heads, s_len, rate):
+def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_ref, seed_ref, do_ref, lse_ref, o_ref,
+               dq_ref, delta_ref, *sum_ref, scale, block_k, heads, s_len, rate):
     # q_ref, do_ref, o_ref, dq_ref (block_q, H) (dq_ref: the C = 0 block of the packed dQKV when packed); lse_ref,
-    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); qcode_ref (block_q,) with segments, else None;
+    # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); qcode_ref (block_q,) and span_ref (2,) (the key
+    # blocks to visit) with segments, else None;
     # sum_ref: optional (H,) block for dQ's column sums.
     # Runs before the dK/dV kernel: it forms delta = rowsum(dO * O) of its rows (read once here, not by a separate
     # XLA pass) and writes it for that kernel.
@@ -100,7 +114,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_re
                                 qk_scale=scale * tiles.LOG2E, rate=rate, cq=cq, qcode=qcode)
         return dq + pltriton.dot(ds.astype(k.dtype), k)
 
-    _store_dq(dq_ref, sum_ref, lax.fori_loop(0, t_len // block_k, body, jnp.zeros((block_q, h), jnp.float32)), scale)
+    first, end = tiles.block_span(span_ref, t_len // block_k)
+    _store_dq(dq_ref, sum_ref, lax.fori_loop(first, end, body, jnp.zeros((block_q, h), jnp.float32)), scale)
 
 
 def _dq_from_ds_kernel(ds_ref, k_ref, *refs, scale, block_k, key_major, aliased):
@@ -128,7 +143,8 @@ def _store_dq(dq_ref, sum_ref, dq, scale):
         sum_ref[0][...] = tiles.colsum(dq)
 
 
-def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, do_ref, lse_ref, o_ref,
+def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_ref, seed_ref, do_ref, lse_ref,
+                      o_ref,
                       *out_refs, scale, block_q, heads, rate, key_major=False, bias_grad=False):
     # One program per (b, n) with all T keys: q_ref, do_ref, o_ref (S, H); lse_ref (S,); k_ref, v_ref (T, H);
     # code_ref (T,); qcode_ref (S,) with segments, else None; out_refs: dq_ref (S, H), dk_ref, dv_ref (T, H), or one (S, 3, H) block of the packed dQKV; with
@@ -216,6 +232,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
                                    heads=heads, packed=packed, bias=bias, bias_grad=bias_grad, segments=segments)
     # dQ first: it also forms delta = rowsum(dO * O) (B, N, S) in fp32, which the dK/dV kernel reads in full.
     bq = blocks.block_q_dq
+    spans = tiles.segment_blocks(code, bq, blocks.block_k_dq)[0] if segments else None
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
     dq, delta, *dq_sums = pl.pallas_call(
@@ -224,7 +241,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
         in_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), tiles.qkv_spec(packed, 1, t, h, lambda i: 0),
                   tiles.qkv_spec(packed, 2, t, h, lambda i: 0), *tiles.bias_specs(bias),
                   pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.qcode_spec(segments, bq, lambda i: i),
-                  tiles.seed_spec(seed), row_block, stat_block, row_block],
+                  tiles.span_spec(segments, lambda i: i), tiles.seed_spec(seed), row_block, stat_block, row_block],
         # packed: the C = 0 blocks of a new (B, S, 3, N, H) dQKV, whose C = 1, 2 rows the dK/dV kernel writes
         out_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), stat_block, *_dq_sum_spec(bias_grad, h)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32),
@@ -232,7 +249,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
-    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed, do, lse, o)
+    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, spans, seed, do, lse, o)
     dkdv, dkdv_sums, _ = _dkdv_call(q, k, v, code, seed, do, lse, delta, rate=rate, blocks=blocks,
                                     interpret=interpret, heads=heads, packed=packed, bias=bias, bias_grad=bias_grad,
                                     dqkv=dq if packed else None, segments=segments)
@@ -281,7 +298,9 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
         out_specs = out_specs + [_ds_spec(blocks, bk, s, lambda j: j, lambda j: 0)]
         out_shapes = out_shapes + [jax.ShapeDtypeStruct(_ds_shape(blocks, b, n, s, t), q.dtype)]
     aliased = dqkv is not None
-    operands = [q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed, do, lse, delta]
+    spans = tiles.segment_blocks(code, blocks.block_q_dkv, bk)[1] if segments else None
+    operands = [q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, spans, seed, do, lse,
+                delta]
     outs = pl.pallas_call(
         functools.partial(_dkdv_kernel, scale=h**-0.5, block_q=blocks.block_q_dkv, heads=heads, t_len=t, rate=rate,
                           key_major=blocks.key_major, bias_grad=bias_grad, aliased=aliased,
@@ -290,7 +309,8 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
         in_specs=[tiles.qkv_spec(packed, 0, s, h, lambda j: 0), tiles.qkv_spec(packed, 1, bk, h, lambda j: j),
                   tiles.qkv_spec(packed, 2, bk, h, lambda j: j), *tiles.bias_specs(bias),
                   pl.BlockSpec((None, bk), lambda j, b_, n_: (b_, j)), tiles.qcode_spec(segments, s, lambda j: 0),
-                  tiles.seed_spec(seed), seq_full, stat_full, stat_full] + (out_specs[:1] if aliased else []),
+                  tiles.span_spec(segments, lambda j: j), tiles.seed_spec(seed), seq_full, stat_full, stat_full]
+        + (out_specs[:1] if aliased else []),
         out_specs=out_specs, out_shape=out_shapes,
         # the aliased operand's flat index: None operands (seed, biases) are dropped
         input_output_aliases={sum(x is not None for x in operands): 0} if aliased else {},
@@ -352,12 +372,12 @@ def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret,
         in_specs=[tiles.qkv_spec(packed, 0, s, h, lambda j: 0), tiles.qkv_spec(packed, 1, t, h, lambda j: 0),
                   tiles.qkv_spec(packed, 2, t, h, lambda j: 0), *tiles.bias_specs(bias),
                   pl.BlockSpec((None, t), lambda j, b_, n_: (b_, 0)), tiles.qcode_spec(segments, s, lambda j: 0),
-                  tiles.seed_spec(seed), seq_full, pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)),
+                  None, tiles.seed_spec(seed), seq_full, pl.BlockSpec((None, None, s), lambda j, b_, n_: (b_, n_, 0)),
                   seq_full],
         out_specs=out_specs, out_shape=out_shapes,
         compiler_params=compiler_params(blocks.num_warps_fused, blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_bwd_fused",
-    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed, do, lse, o)
+    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, None, seed, do, lse, o)
     if bias_grad:
         *grads, sums = grads
     grads = grads[0] if packed else tuple(grads)

@@ -19,10 +19,11 @@ from . import tiles
 from .blocks import Blocks
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_ref, o_ref, lse_ref, *, scale,
-                block_k, heads, s_len, rate):
-    # q_ref (block_q, H); k_ref, v_ref (T, H); qb_ref, vb_ref (H,) q and v biases or None; code_ref (T,); qcode_ref
-    # (block_q,) the query rows' codes with segments, else None; o_ref (block_q, H); lse_ref (block_q,)
+def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_ref, seed_ref, o_ref, lse_ref, *,
+                scale, block_k, heads, s_len, rate):
+    # q_ref (block_q, H); k_ref, v_ref (T, H); qb_ref, vb_ref (H,) q and v biases or None; code_ref (T,); with
+    # segments qcode_ref (block_q,) the query rows' codes and span_ref (2,) the key blocks to visit, else None;
+    # o_ref (block_q, H); lse_ref (block_q,)
     block_q, h = q_ref.shape
     t_len = k_ref.shape[0]
     q_start = pl.program_id(0) * block_q
@@ -51,7 +52,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, seed_r
 
     zeros = jnp.zeros((block_q,), jnp.float32)
     init = (jnp.zeros((block_q, h), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32), zeros, zeros)
-    acc, m, l, ld = lax.fori_loop(0, t_len // block_k, body, init)
+    first, end = tiles.block_span(span_ref, t_len // block_k)  # the other key blocks are masked for these rows
+    acc, m, l, ld = lax.fori_loop(first, end, body, init)
     if vb_ref is not None:  # sum_t p_t keep_t (v_t + bv) = acc + (kept row sum) bv
         acc = acc + (ld if kept_sum else l)[:, None] * vb_ref[...].astype(jnp.float32)[None, :]
     inv = (1.0 / (1.0 - rate)) / l if seed_ref is not None else 1.0 / l
@@ -68,11 +70,13 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: Blocks, interpret: bool
     `packed`: q, k and v are the same (B, S, 3, N, H) array (C = q, k, v), read in place (no slices).
     `bias`: None, or the (3, N, H) Q/K/V projection bias, applied inside the kernels (AIB fused; `tiles.py` says
     how: only tiles loaded once per program get it added).
-    `segments`: `code` is `mask_code(segment_ids, segments=True)` of packed rows (S = T), read for the query rows too.
+    `segments`: `code` is `mask_code(segment_ids, segments=True)` of packed rows (S = T), read for the query rows too;
+    each query block visits only the key blocks its samples span (`tiles.segment_blocks`).
     """
     b, s, n, h, t = tiles.shapes(q, k, packed)
     heads = n if heads is None else heads
     bq = blocks.block_q
+    spans = tiles.segment_blocks(code, bq, blocks.block_k)[0] if segments else None
     out_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, scale=h**-0.5, block_k=blocks.block_k, heads=heads, s_len=s, rate=rate),
@@ -80,9 +84,9 @@ def forward(q, k, v, code, seed, *, rate: float, blocks: Blocks, interpret: bool
         in_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), tiles.qkv_spec(packed, 1, t, h, lambda i: 0),
                   tiles.qkv_spec(packed, 2, t, h, lambda i: 0), *tiles.bias_specs(bias),
                   pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.qcode_spec(segments, bq, lambda i: i),
-                  tiles.seed_spec(seed)],
+                  tiles.span_spec(segments, lambda i: i), tiles.seed_spec(seed)],
         out_specs=[out_block, pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))],
         out_shape=[jax.ShapeDtypeStruct((b, s, n, h), q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
         compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
         interpret=interpret, name="flash_attention_fwd",
-    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, seed)
+    )(q, k, v, *tiles.bias_args(bias, q.dtype), code, code if segments else None, spans, seed)

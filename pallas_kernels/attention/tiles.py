@@ -66,6 +66,42 @@ def allowed(code, qcode):
     return (code > 0) & ((qcode <= 0) | (qcode == code)), jnp.where(code < 0, 0.0, PADDED)
 
 
+def segment_blocks(code, rows: int, cols: int):
+    """Which tiles of packed rows hold any score the softmax keeps (segments): for `code` (B, S) from
+    `mask_code(segments=True)` and tiles of `rows` queries x `cols` keys, int32 (B, S/rows, 2) [first, end) key blocks
+    of each query block and (B, S/cols, 2) [first, end) query blocks of each key block (empty for a block of padding
+    keys nobody attends). The tiles outside hold only masked scores (probability exactly 0, no gradient), so the
+    kernels skip them and their results are unchanged: attention then costs about sum(length^2) / S^2 of a full row.
+    Per row of any layout of segments (conservative: the span from the first tile to the last)."""
+    b, s = code.shape
+    qc, kc = code[:, :, None], code[:, None, :]
+    # allowed as `allowed` (every pair of an all-padded row counts: its probabilities are uniform, not 0)
+    pairs = ((kc > 0) & ((qc <= 0) | (qc == kc))) | (kc < 0)
+    tiles = jnp.any(pairs.reshape(b, s // rows, rows, s // cols, cols), axis=(2, 4))
+
+    def span(t, axis):
+        n = t.shape[axis]
+        first = jnp.argmax(t, axis=axis)
+        end = n - jnp.argmax(jnp.flip(t, axis=axis), axis=axis)
+        some = jnp.any(t, axis=axis)
+        return jnp.stack([jnp.where(some, first, 0), jnp.where(some, end, 0)], axis=-1).astype(jnp.int32)
+
+    return span(tiles, 2), span(tiles, 1)
+
+
+def block_span(ranges_ref, n: int):
+    """(first, end) block indices from a `segment_blocks` span ref; (0, n) without segments."""
+    if ranges_ref is None:
+        return 0, n
+    return ranges_ref[0], ranges_ref[1]
+
+
+def span_spec(segments: bool, block_index):
+    """BlockSpec of one block's span in a `segment_blocks` array, grid (i, b, n) and `block_index(i)`; None without
+    segments."""
+    return pl.BlockSpec((None, None, 2), lambda i, b_, n_: (b_, block_index(i), 0)) if segments else None
+
+
 def biased(x, bias_ref):
     """A tile loaded once per program plus its head's bias (H,): added in fp32 and rounded to the tile's dtype, as
     XLA's bf16 add of the bias to the projection rounds it."""

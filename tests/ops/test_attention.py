@@ -128,24 +128,36 @@ def test_backward_variants_match_reference(packed, fused, key_major, store_ds):
         _check(q, k, v, _mask([128, 77, 5, 0], 128), g, rate=0.1, seed=3, blocks=blocks)
 
 
-# Packed rows: several samples, a sample alone, padding after them, and an all-padding row.
-_ROWS = [[20, 9, 30], [64], [7, 1], []]
+# Packed rows: several samples, a sample alone, padding after them, an all-padding row, and samples on tile
+# boundaries with no padding (whole tiles skipped: `tiles.segment_blocks`).
+_ROWS = [[20, 9, 30], [64], [7, 1], [], [16, 16, 32]]
 
 
 @pytest.mark.parametrize(("packed", "fused", "key_major", "store_ds"), [
     (True, True, True, False), (True, False, True, True), (False, True, False, False), (False, False, False, False)])
 def test_segments_match_reference(packed, fused, key_major, store_ds):
     # Segment ids (packed sequences): a query attends only the keys of its sample, in every backward form, with
-    # dropout, sample boundaries inside the tiles and across them, and (packed) the bias folded in.
+    # dropout, sample boundaries inside the tiles and across them, tiles skipped, and (packed) the bias folded in.
     blocks = dataclasses.replace(_SMALL, fused_bwd=fused, key_major=key_major, fold_bias=True, store_ds=store_ds)
     ids = _segments(_ROWS, 64)
     if packed:
-        qkv = jax.random.normal(jax.random.key(35), (4, 64, 3, 2, 32), jnp.float32)
-        g = jax.random.normal(jax.random.key(36), (4, 64, 2, 32), jnp.float32)
+        qkv = jax.random.normal(jax.random.key(35), (5, 64, 3, 2, 32), jnp.float32)
+        g = jax.random.normal(jax.random.key(36), (5, 64, 2, 32), jnp.float32)
         _check_packed(qkv, ids, g, rate=0.2, blocks=blocks, bias=_packed_bias(qkv), segments=True)
     else:
-        q, k, v, g = _inputs(jax.random.key(37), 4, 64, 64, 2, 32, jnp.float32)
+        q, k, v, g = _inputs(jax.random.key(37), 5, 64, 64, 2, 32, jnp.float32)
         _check(q, k, v, ids, g, rate=0.1, seed=3, blocks=blocks, segments=True)
+
+
+def test_segment_blocks_skip_the_masked_tiles():
+    # The spans of the tiles with kept scores: per query block the key blocks, per key block the query blocks.
+    from pallas_kernels.attention.tiles import segment_blocks
+    per_query, per_key = segment_blocks(mask_code(_segments(_ROWS, 64), True), 16, 16)
+    np.testing.assert_array_equal(per_query[4], [[0, 1], [1, 2], [2, 4], [2, 4]])  # [16, 16, 32]: its own tiles
+    np.testing.assert_array_equal(per_key[4], [[0, 1], [1, 2], [2, 4], [2, 4]])
+    np.testing.assert_array_equal(per_query[2], [[0, 1]] * 4)  # [7, 1]: the padding queries' real keys
+    np.testing.assert_array_equal(per_key[2], [[0, 4], [0, 0], [0, 0], [0, 0]])  # padding keys: nobody attends
+    np.testing.assert_array_equal(per_query[3], [[0, 4]] * 4)  # all padding: every tile (uniform probabilities)
 
 
 def test_segment_mask_isolates_samples():
@@ -548,7 +560,7 @@ def test_mosaic_backward_loops_over_heads_on_gpu(packed):
 @pytest.mark.parametrize(("s", "variant"), [(s, v) for s, v, impl in _GPU_CASES if impl == "triton"])
 def test_segments_compiled_match_reference_on_gpu(s, variant, rate):
     # Packed rows on the GPU: the packed projection with its bias, every Triton backward form at S = 128 and 512.
-    rows = [[s // 4, s // 2, s // 8], [s], [5, s // 3], [s // 2 + 3, 11]]
+    rows = [[s // 4, s // 2, s // 8], [s // 4, s // 4, s // 2], [5, s // 3], [s // 2 + 3, 11]]  # tiles skipped in 2
     qkv = jax.random.normal(jax.random.key(39), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
     g = jax.random.normal(jax.random.key(40), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
     _check_packed(qkv, _segments(rows, s), g, rate=rate, interpret=False, bias=_packed_bias(qkv), segments=True,
