@@ -2,6 +2,7 @@
 
     qkv  = x[BSD] @ w_qkv[CDNH] + b_qkv[CNH]                              (AIB)
     ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM; pallas: flash, adding b_qkv itself)
+           (packed rows: the mask is the segment ids, a query attends the keys of its own sample)
     x    = LN(x + dropout(ctx[BSNH] @ w_o[NHD] + b_o))                      (BDRLN)
     h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
     x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
@@ -62,18 +63,20 @@ def split_qkv(qkv: Annotated):
 
 
 def attention(qkv: Annotated, mask, *, ops, pallas: bool, layouts: LayoutConfig, seed, rate: float,
-              qkv_bias=None) -> Annotated:
+              qkv_bias=None, segments: bool = False) -> Annotated:
     """The attention core, stored in `layouts.ctx`: XLA's unfused reference in the configured layouts, or flash
     attention on the packed qkv (BSCNH in, BSNH out) between transposes where the layouts differ. `qkv_bias` (CNH,
-    pallas only): the projection's bias, which the flash kernels apply."""
+    pallas only): the projection's bias, which the flash kernels apply. `segments`: `mask` is the int32 segment ids
+    (B, S) of packed rows, not a key mask."""
+    packed = {"segments": True} if segments else {}  # unpacked: the operators' calls as they were
     if pallas:
-        ctx = ops.attention_qkv(relayout(qkv, FLASH_QKV).array, mask, bias=qkv_bias, seed=seed, rate=rate)
+        ctx = ops.attention_qkv(relayout(qkv, FLASH_QKV).array, mask, bias=qkv_bias, seed=seed, rate=rate, **packed)
         return relayout(annotate(ctx, FLASH_CTX), layouts.ctx)
     if qkv_bias is not None:
         raise ValueError("qkv_bias is applied inside flash attention only (pallas); add it in qkv_projection")
     q, k, v = split_qkv(qkv)
     ctx = ops.attention(q.array, k.array, v.array, mask, seed=seed, rate=rate, qkv_layout=q.layout,
-                        scores_layout=layouts.scores, ctx_layout=layouts.ctx)
+                        scores_layout=layouts.scores, ctx_layout=layouts.ctx, **packed)
     return annotate(ctx, layouts.ctx)
 
 
@@ -110,8 +113,9 @@ class SelfAttention(nnx.Module):
         self.out_bias = zeros((d,), config, "D")
         self.layer_norm = LayerNormParams(config)
 
-    def __call__(self, x, mask, *, seeds, deterministic: bool):
-        """x stored in `layouts.x` order (BSD by default); the result too."""
+    def __call__(self, x, mask, *, seeds, deterministic: bool, segments: bool = False):
+        """x stored in `layouts.x` order (BSD by default); the result too. `mask`: the key mask (B, S), or with
+        `segments` the segment ids (B, S) of packed rows."""
         cfg, dtype = self.config, self.config.compute_dtype
         ops, pallas = _ops.select(cfg.kernels), _ops.resolve(cfg.kernels) == "pallas"
         layouts = layouts_for(cfg.layout_config, pallas)
@@ -122,7 +126,7 @@ class SelfAttention(nnx.Module):
                                        layouts=layouts, dtype=dtype))  # N split over tensor
         ctx = attention(qkv, mask, ops=ops, pallas=pallas, layouts=layouts, seed=seeds[0],
                         rate=0.0 if deterministic else cfg.attention_probs_dropout_prob,
-                        qkv_bias=bias if pallas else None)
+                        qkv_bias=bias if pallas else None, segments=segments)
         return attention_output(ctx, x, ops=ops, kernel=self.out_kernel[...], bias=self.out_bias[...],
                                 ln_scale=self.layer_norm.scale[...], ln_bias=self.layer_norm.bias[...],
                                 layouts=layouts, dtype=dtype, seed=seeds[1],
@@ -162,8 +166,8 @@ class EncoderLayer(nnx.Module):
         self.attention = SelfAttention(config, rngs=rngs)
         self.feed_forward = FeedForward(config, rngs=rngs)
 
-    def __call__(self, x, mask, *, key, deterministic: bool):
+    def __call__(self, x, mask, *, key, deterministic: bool, segments: bool = False):
         # Three dropout sites per layer, each with its own seed derived from the layer's key.
         seeds = [seed_from_key(k) for k in jax.random.split(key, 3)]
-        x = self.attention(x, mask, seeds=seeds[:2], deterministic=deterministic)
+        x = self.attention(x, mask, seeds=seeds[:2], deterministic=deterministic, segments=segments)
         return self.feed_forward(x, seed=seeds[2], deterministic=deterministic)

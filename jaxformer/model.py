@@ -46,14 +46,20 @@ class Embeddings(nnx.Module):
         self.token_type = normal(rngs, (config.type_vocab_size, d), config, "_D")
         self.layer_norm = LayerNormParams(config)
 
-    def __call__(self, input_ids, token_type_ids, *, seed, rate: float):
+    def __call__(self, input_ids, token_type_ids, *, seed, rate: float, position_ids=None):
+        """`position_ids` (B, S): each token's position (packed rows restart at each sample); None: 0..S-1."""
         cfg = self.config
         s = input_ids.shape[1]
-        # The word (VD) and token-type (_D) rows are gathered inside the operator (a fused kernel under pallas)
+        # The word (VD) and token-type (_D) rows are gathered inside the operator (a fused kernel under pallas), and
+        # with position_ids the position rows too.
+        position, packed = self.position[:s], {}
+        if position_ids is not None:
+            position, packed = self.position[...], {"position_ids": position_ids}
         return constrain(ops.select(cfg.kernels).embedding_layernorm(
-            input_ids, token_type_ids, self.word[...], self.position[:s], self.token_type[...],
+            input_ids, token_type_ids, self.word[...], position, self.token_type[...],
             self.layer_norm.scale[...], self.layer_norm.bias[...],
-            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype), "BSD", between_blocks=True)
+            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype, **packed), "BSD",
+            between_blocks=True)
 
 
 _REMAT_POLICIES = {
@@ -76,7 +82,9 @@ class Encoder(nnx.Module):
 
         self.layers = make_layers(rngs)
 
-    def __call__(self, x, mask, *, key, deterministic: bool, pipeline: Optional[Pipeline] = None):
+    def __call__(self, x, mask, *, key, deterministic: bool, pipeline: Optional[Pipeline] = None,
+                 segments: bool = False):
+        """`mask`: the key mask (B, S), or with `segments` the int32 segment ids (B, S) of packed rows."""
         cfg = self.config
         layout = cfg.layout_config.x  # the layers' stored order of x (a transpose in and out when not BSD)
         graphdef, state = nnx.split(self.layers)
@@ -84,7 +92,8 @@ class Encoder(nnx.Module):
             def layer_fn(layer_state, h, mask, key):
                 # The pipeline splits microbatches on B: keep BSD between layers here, the layer's order inside.
                 h = lx.annotate(h, "BSD").to(layout)
-                h = nnx.merge(graphdef, layer_state)(h, mask, key=key, deterministic=deterministic)
+                h = nnx.merge(graphdef, layer_state)(h, mask, key=key, deterministic=deterministic,
+                                                     segments=segments)
                 return lx.annotate(h, layout).to("BSD")
 
             policy = _REMAT_POLICIES[cfg.remat] if cfg.remat != "none" else None
@@ -94,7 +103,8 @@ class Encoder(nnx.Module):
             layer_state, index = xs
             layer = nnx.merge(graphdef, layer_state)
             # The dropout key of layer l is fold_in(key, l): masks are independent across layers.
-            return layer(h, mask, key=jax.random.fold_in(key, index), deterministic=deterministic), None
+            return layer(h, mask, key=jax.random.fold_in(key, index), deterministic=deterministic,
+                         segments=segments), None
 
         # Remat runs the layers in the scan: in the unrolled loop XLA scheduled each layer's recomputation next to its
         # forward pass (prevent_cse or not) and kept every activation, the peak of no remat (test_model.py).
@@ -118,17 +128,21 @@ class Encoder(nnx.Module):
 
 
 class Pooler(nnx.Module):
-    """tanh(dense) of the [CLS] position, input of the NSP head."""
+    """tanh(dense) of the [CLS] position (packed rows: of each sample's [CLS]), input of the NSP head."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.kernel = normal(rngs, (config.hidden_size, config.hidden_size), config, "D_")  # DD
         self.bias = zeros((config.hidden_size,), config, "D")
 
-    def __call__(self, x):
+    def __call__(self, x, positions=None):
+        """x (B, S, D) -> (B, D) at position 0, or with `positions` (B, K) -> (B, K, D) at those positions."""
         dt = self.config.compute_dtype
-        cls = x[:, 0]  # BD
-        return jnp.tanh(jnp.einsum("BD,DE->BE", cls, self.kernel[...].astype(dt)) + self.bias[...].astype(dt))
+        if positions is None:
+            cls = x[:, 0]  # BD
+            return jnp.tanh(jnp.einsum("BD,DE->BE", cls, self.kernel[...].astype(dt)) + self.bias[...].astype(dt))
+        cls = jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)  # BKD
+        return jnp.tanh(jnp.einsum("BKD,DE->BKE", cls, self.kernel[...].astype(dt)) + self.bias[...].astype(dt))
 
 
 class MLMHead(nnx.Module):
@@ -182,15 +196,17 @@ class NSPHead(nnx.Module):
         self.bias = zeros((2,), config, "_")
 
     def __call__(self, pooled):
+        """pooled (B, D) or (B, K, D) (a packed row's samples) -> float32 logits (B, 2) or (B, K, 2)."""
         dt = self.config.compute_dtype
-        logits = jnp.einsum("BD,DK->BK", pooled, self.kernel[...].astype(dt), preferred_element_type=jnp.float32)
+        logits = jnp.einsum("...D,DC->...C", pooled, self.kernel[...].astype(dt), preferred_element_type=jnp.float32)
         return logits + self.bias[...].astype(jnp.float32)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PreTrainingOutput:
-    """Outputs of `BertForPreTraining`: float32 `mlm_logits` (B, P, V) or (B, S, V), float32 `nsp_logits` (B, 2),
+    """Outputs of `BertForPreTraining`: float32 `mlm_logits` (B, P, V) or (B, S, V), float32 `nsp_logits` (B, 2)
+    (packed rows: (B, K, 2), a pair per sample),
     and the final hidden states (B, S, D) in the compute dtype. Called with `masked_labels`, the model returns the
     MLM head's per-position float32 `mlm_nll` and int32 `mlm_predictions` (B, P) instead of the logits (None)."""
 
@@ -223,7 +239,8 @@ class BertForPreTraining(nnx.Module):
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None, masked_positions=None, *,
                  deterministic: bool = True, dropout_key: Optional[jax.Array] = None,
-                 pipeline: Optional[Pipeline] = None, masked_labels=None) -> PreTrainingOutput:
+                 pipeline: Optional[Pipeline] = None, masked_labels=None, position_ids=None, segment_ids=None,
+                 nsp_positions=None) -> PreTrainingOutput:
         """Run the model.
 
         Args:
@@ -238,6 +255,12 @@ class BertForPreTraining(nnx.Module):
           masked_labels: optional (B, P) int labels at `masked_positions`: the MLM head then returns the per-position
             cross-entropy and argmax (`mlm_nll`, `mlm_predictions`) and no logits, which with `kernels="pallas"`
             are never materialised (`MLMHead.cross_entropy`). What the train and eval steps use.
+          position_ids: optional (B, S) positions (packed rows: restarting at 0 at each sample's [CLS]); default
+            0..S-1 in every row.
+          segment_ids: optional (B, S) int sample of each token in a packed row (1..K, 0 at padding): a token attends
+            only to the tokens of its own sample (replaces `attention_mask`).
+          nsp_positions: optional (B, K) positions of each sample's [CLS] (packed rows): the pooler and NSP head run
+            there, giving `nsp_logits` (B, K, 2); default position 0, (B, 2).
         """
         cfg = self.config
         if input_ids.ndim != 2:
@@ -249,9 +272,17 @@ class BertForPreTraining(nnx.Module):
             pipeline.check(cfg.num_hidden_layers, b)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        if attention_mask is None:
-            attention_mask = jnp.ones((b, s), jnp.bool_)
-        mask = attention_mask.astype(jnp.bool_)
+        for name, value in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+            if value is not None and value.shape != (b, s):
+                raise ValueError(f"{name} must have input_ids' shape {(b, s)}, got {value.shape}")
+        if nsp_positions is not None and (nsp_positions.ndim != 2 or nsp_positions.shape[0] != b):
+            raise ValueError(f"nsp_positions must be (batch, samples per row) = ({b}, K), got {nsp_positions.shape}")
+        if segment_ids is not None:  # packed rows: the attention mask is the segment ids
+            mask = segment_ids.astype(jnp.int32)
+        elif attention_mask is None:
+            mask = jnp.ones((b, s), jnp.bool_)
+        else:
+            mask = attention_mask.astype(jnp.bool_)
 
         if deterministic:
             key = jax.random.key(0)  # unused: every dropout rate is 0
@@ -259,14 +290,16 @@ class BertForPreTraining(nnx.Module):
             key = self.dropout_rngs() if dropout_key is None else dropout_key
         emb_key, enc_key = jax.random.split(key)
         emb_rate = 0.0 if deterministic else cfg.hidden_dropout_prob
-        x = self.embeddings(input_ids, token_type_ids, seed=seed_from_key(emb_key), rate=emb_rate)
-        x = self.encoder(x, mask, key=enc_key, deterministic=deterministic, pipeline=pipeline)
+        x = self.embeddings(input_ids, token_type_ids, seed=seed_from_key(emb_key), rate=emb_rate,
+                            position_ids=position_ids)
+        x = self.encoder(x, mask, key=enc_key, deterministic=deterministic, pipeline=pipeline,
+                         segments=segment_ids is not None)
 
         if masked_positions is None:
             selected = x
         else:
             selected = jnp.take_along_axis(x, masked_positions[..., None].astype(jnp.int32), axis=1)  # BPD
-        nsp_logits = self.nsp_head(self.pooler(x))
+        nsp_logits = self.nsp_head(self.pooler(x, nsp_positions))
         if masked_labels is not None:
             if masked_labels.shape != selected.shape[:-1]:
                 raise ValueError(f"masked_labels shape {masked_labels.shape} must be {selected.shape[:-1]} (the "

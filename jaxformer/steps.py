@@ -76,11 +76,14 @@ def make_optimizer(tc: TrainConfig, schedule: optax.Schedule | None = None) -> o
     return optax.chain(optax.clip_by_global_norm(tc.clip_norm or float("inf")), opt)
 
 
+PACKED_KEYS = ("position_ids", "segment_ids", "nsp_positions")  # a packed batch's model inputs (jaxformer/packing.py)
+
+
 def _forward(graphdef, rest, params, batch, *, deterministic, dropout_key=None, pipeline=None):
     model = nnx.merge(graphdef, params, rest)
     return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_positions"],
                  deterministic=deterministic, dropout_key=dropout_key, pipeline=pipeline,
-                 masked_labels=batch["masked_labels"])
+                 masked_labels=batch["masked_labels"], **{k: batch[k] for k in PACKED_KEYS if k in batch})
 
 
 @contextlib.contextmanager
@@ -270,7 +273,7 @@ class Steps:
 
 
 def evaluate(steps: Steps, params, batches) -> dict[str, float]:
-    """MLM loss and accuracy over all masked positions, NSP accuracy over all sequences of `batches`."""
+    """MLM loss and accuracy over all masked positions, NSP accuracy over all samples of `batches`."""
     totals: dict[str, float] = {}
     # Dispatch every batch first, then one transfer: the device never waits for the host between batches.
     for m in jax.device_get([steps.eval_step(params, batch) for batch in batches]):

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
 from ..config import TrainConfig
-from ..losses import per_example_losses
+from ..losses import n_samples, nsp_sums, per_example_losses, real_tokens
 from ..model import BertForPreTraining
 from ..steps import Steps, TrainState, _forward, _Traced
 from .config import CompressionConfig
@@ -52,9 +52,10 @@ def _local_losses(out, batch, n_masked, n_seq):
     """This rank's share of the global losses (its sums over the global counts) and its metric sums."""
     labels, weights = batch["masked_labels"], batch["masked_weights"]
     nll, pred, nsp_nll, nsp_hit = per_example_losses(out, batch)
-    sums = dict(mlm=jnp.sum(nll * weights), mlm_correct=jnp.sum((pred == labels) * weights), nsp=jnp.sum(nsp_nll),
-                nsp_correct=jnp.sum(nsp_hit).astype(jnp.float32))
-    return sums["mlm"] / jnp.maximum(n_masked, 1.0) + sums["nsp"] / n_seq, sums
+    nsp, nsp_correct, _ = nsp_sums(nsp_nll, nsp_hit, batch)
+    sums = dict(mlm=jnp.sum(nll * weights), mlm_correct=jnp.sum((pred == labels) * weights), nsp=nsp,
+                nsp_correct=nsp_correct.astype(jnp.float32), n_tokens=real_tokens(batch))
+    return sums["mlm"] / jnp.maximum(n_masked, 1.0) + sums["nsp"] / jnp.maximum(n_seq, 1.0), sums
 
 
 def kernels_run_inside_manual_data(mesh) -> bool:
@@ -153,7 +154,7 @@ class CompressedSteps(Steps):
         def per_rank(params, sparse_state, opt_state, batch, dropout_key):
             key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis))  # each rank its own dropout masks
             n_masked = jax.lax.psum(jnp.sum(batch["masked_weights"]), axis)
-            n_seq = jax.lax.psum(jnp.float32(batch["nsp_labels"].shape[0]), axis)
+            n_seq = jax.lax.psum(n_samples(batch), axis)
 
             def loss_fn(p):
                 out = _forward(self.graphdef, self.rest, p, batch, deterministic=False, dropout_key=key,
@@ -168,10 +169,10 @@ class CompressedSteps(Steps):
             # The exchange's counts of this step (entries selected, overflowed) ride on the losses' psum.
             counts = jnp.sum(sparse_state.stats[..., :2].reshape(-1, 2), axis=0)
             sums, counts = jax.lax.psum((sums, counts), axis)
-            mlm_loss, nsp_loss = sums["mlm"] / jnp.maximum(n_masked, 1.0), sums["nsp"] / n_seq
+            mlm_loss, nsp_loss = sums["mlm"] / jnp.maximum(n_masked, 1.0), sums["nsp"] / jnp.maximum(n_seq, 1.0)
             metrics = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
                            mlm_correct=sums["mlm_correct"], n_masked=n_masked, nsp_correct=sums["nsp_correct"],
-                           n_seq=n_seq, grad_norm=grad_norm, compression_selected=counts[0],
+                           n_seq=n_seq, n_tokens=sums["n_tokens"], grad_norm=grad_norm, compression_selected=counts[0],
                            compression_overflowed=counts[1])
             return optax.apply_updates(params, updates), sparse_state, opt_state, metrics
 
