@@ -312,8 +312,14 @@ class TrainConfig:
     vocab_size: int | None = flag(None, "data", f"size of the tokenizer to train (default {DEFAULT_VOCAB_SIZE}); "
                                   "with --vocab, must match it", on_resume="fixed")
     seq_len: int = flag(128, "data", "tokens per sequence", on_resume="fixed")
-    max_predictions: int | None = flag(None, "data", "masked positions per sequence (default 15% of --seq-len)",
+    max_predictions: int | None = flag(None, "data", "masked positions per row (default 15% of --seq-len; packed: "
+                                       "enough for every sample of a row, docs/training.md, Packing)",
                                        on_resume="fixed")
+    pack: bool = flag(False, "data", "pack several samples into each row (segment-masked attention, positions "
+                      "restarting per sample, an NSP prediction per sample), as MLPerf BERT; the data is prepared "
+                      "packed (docs/training.md, Packing)", on_resume="fixed")
+    pack_samples: int | None = flag(None, "data", "with --pack: at most K samples per row (default --seq-len / 16: "
+                                    "8 at 128, 32 at 512)", metavar="K", on_resume="fixed")
     data_workers: int = flag(2, "data", "worker processes that read and mask the batches (Grain); 0: threads of "
                              "the training process")
 
@@ -418,10 +424,16 @@ class TrainConfig:
         MeshConfig.parse(self.mesh)  # syntax only: sizes against devices and model are `sharding.validate`'s job
         if self.seq_len < 8:
             raise ValueError(f"seq_len={self.seq_len} must be at least 8")
-        from .data import max_predictions_ok  # DataConfig's rule, checked here before any data work
+        from .data import max_predictions_ok, pack_ok  # DataConfig's rules, checked here before any data work
         if not max_predictions_ok(self.max_predictions, self.seq_len):
             raise ValueError(f"max_predictions={self.max_predictions!r} must be an integer in [1, seq_len - 3] "
                              f"(seq_len={self.seq_len}: [CLS] and two [SEP] are never masked)")
+        if self.pack_samples is not None and not pack_ok(self.pack_samples, self.seq_len):
+            raise ValueError(f"pack_samples={self.pack_samples!r} must be an integer in [1, seq_len // 5 = "
+                             f"{self.seq_len // 5}] (a sample takes at least 5 tokens)")
+        if self.pack_samples is not None and not self.pack:
+            raise ValueError(f"pack_samples={self.pack_samples} is the most samples a packed row holds: it needs "
+                             "pack=True (--pack)")
         if self.vocab_size is not None:
             _require_positive_ints(self, ("vocab_size",))
         if isinstance(self.data_workers, bool) or not isinstance(self.data_workers, int) or self.data_workers < 0:
@@ -458,6 +470,14 @@ class TrainConfig:
         self.compression_config()  # every option, compression on or off; the mesh: sharding.validate
         # Model-side values are validated by BertConfig itself (before anything is compiled).
         self.model_config(vocab_size=self.vocab_size or DEFAULT_VOCAB_SIZE)
+
+    @property
+    def packing(self) -> int:
+        """Samples per row of the run's data: 0 unpacked, else `pack_samples` (default `seq_len // 16`)."""
+        if not self.pack:
+            return 0
+        from .packing import default_samples_per_row
+        return self.pack_samples or default_samples_per_row(self.seq_len)
 
     @property
     def peak_lr(self) -> float:

@@ -21,6 +21,13 @@ from .corpus import (  # noqa: F401  (re-exported: data.py is the public entry p
 
 
 # ----------------------------------------------------------------------------- settings
+def pack_ok(value, seq_len: int, allow_zero: bool = False) -> bool:
+    """Samples per packed row: an integer in [1, seq_len // 5] (the shortest sample, [CLS] a [SEP] b [SEP], takes 5
+    tokens); 0 (unpacked) where ``allow_zero``."""
+    return isinstance(value, int) and not isinstance(value, bool) and (
+        (allow_zero and value == 0) or 1 <= value <= seq_len // 5)
+
+
 def max_predictions_ok(value, seq_len: int) -> bool:
     """None (the default: mask_prob of seq_len) or an integer in [1, seq_len - 3]: [CLS] and two [SEP] are never
     masked. DataConfig's rule; TrainConfig checks it too, before any data work."""
@@ -42,6 +49,7 @@ class DataConfig:
     vocab: PathLike | None = None  # vocab.txt or tokenizer.json; None: train one
     vocab_size: int = 8192
     cache_dir: PathLike | None = None  # built-in corpus cache; None: ~/.cache/jaxformer
+    pack: int = 0  # 0: one sample a row; K >= 1: rows packed with up to K samples (jaxformer/packing.py)
 
     def __post_init__(self):
         if isinstance(self.paths, list):
@@ -54,15 +62,24 @@ class DataConfig:
                   "eval_fraction": prob(self.eval_fraction),
                   "seed": isinstance(self.seed, int) and self.seed >= 0,
                   "vocab_size": isinstance(self.vocab_size, int) and self.vocab_size >= 16,
-                  "max_predictions_per_seq": max_predictions_ok(self.max_predictions_per_seq, self.seq_len)}
+                  "max_predictions_per_seq": max_predictions_ok(self.max_predictions_per_seq, self.seq_len),
+                  "pack": pack_ok(self.pack, self.seq_len, allow_zero=True)}
         for field, ok in checks.items():
             if not ok:
                 raise DataError(f"DataConfig.{field} has a nonsense value {getattr(self, field)!r} "
-                                "(seq_len >= 8; probabilities in range; 1 <= max_predictions <= seq_len-3)")
+                                "(seq_len >= 8; probabilities in range; 1 <= max_predictions <= seq_len-3; "
+                                "0 <= pack <= seq_len // 5)")
 
     @property
     def max_predictions(self) -> int:
-        return self.max_predictions_per_seq or min(self.seq_len - 3, math.ceil(self.mask_prob * self.seq_len))
+        """Masked positions per row: given, or mask_prob of seq_len (packed: enough for every sample of a row,
+        ``packing.max_predictions``)."""
+        if self.max_predictions_per_seq:
+            return self.max_predictions_per_seq
+        if self.pack:
+            from .packing import max_predictions
+            return max_predictions(self.seq_len, self.mask_prob, self.pack)
+        return min(self.seq_len - 3, math.ceil(self.mask_prob * self.seq_len))
 
 
 # ----------------------------------------------------------------------------- prefetching
@@ -146,3 +163,33 @@ def synthetic_batch(vocab: int, b: int, s: int, p: int, seed: int = 0) -> dict[s
                 masked_labels=rng.randint(5, vocab, (b, p)).astype(np.int32),
                 masked_weights=np.ones((b, p), np.float32),
                 nsp_labels=rng.randint(0, 2, (b,)).astype(np.int32))
+
+
+def synthetic_packed_batch(vocab: int, b: int, s: int, samples_per_row: int, p: int | None = None, seed: int = 0,
+                           full: float = 0.1) -> dict[str, np.ndarray]:
+    """A random packed pre-training batch (jaxformer/packing.py's keys) of ``b`` rows of up to ``samples_per_row``
+    samples. Sample lengths are BERT-like: a fraction ``full`` fills the row (chunks that reached the target
+    length), the rest are uniform from 5 tokens to the row's length (documents that end first, BERT's short
+    targets): about half a row of padding one sample a row, as Wikipedia at 512 (Krell et al. 2021, "Efficient
+    Sequence Packing without Cross-contamination"). The rows are packed as the data preparation packs them and
+    masked by the loader's masking (``p``: masked positions per row, default ``packing.max_predictions``)."""
+    from .examples import Pairs, row_dtype
+    from .packing import MIN_SAMPLE, assemble_packed_rows, masked_packed_batch, max_predictions, pack
+    rng = np.random.RandomState(seed)
+    lengths = np.zeros(0, np.int64)
+    rows = np.zeros((0, samples_per_row), np.int64)
+    while len(rows) < 2 * b:  # twice the rows needed: the rows taken are a random half, not the best-filled
+        more = np.where(rng.rand(4 * b) < full, s, rng.randint(MIN_SAMPLE, s + 1, 4 * b))
+        lengths = np.concatenate([lengths, more])
+        rows = pack(lengths, s, samples_per_row, seed)
+    rows = rows[rng.permutation(len(rows))[:b]]
+    used = rows >= 0
+    length = np.where(used, lengths[np.where(used, rows, 0)], 0)
+    la = np.where(used, 1 + (rng.rand(*rows.shape) * (length - 4)).astype(np.int64), 0)  # A: 1 .. length - 4
+    tokens = rng.randint(5, vocab, 4 * s).astype(np.int32)  # A and B are random stretches of random tokens
+    pairs = Pairs(a0=rng.randint(0, 3 * s, rows.shape), la=la, b0=rng.randint(0, 3 * s, rows.shape),
+                  lb=np.where(used, length - 3 - la, 0), nsp=np.where(used, rng.randint(0, 2, rows.shape), 0))
+    special = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+    stored = assemble_packed_rows(tokens, pairs, s, special, row_dtype(s, np.dtype(np.int32), samples_per_row))
+    p = max_predictions(s, 0.15, samples_per_row) if p is None else p
+    return masked_packed_batch(stored, np.arange(b), (seed, 0), special, np.arange(5, vocab), 0.15, p)

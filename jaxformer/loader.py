@@ -3,7 +3,7 @@
 Global batch ``step`` is a pure function of (prepared set, seed, batch size, step): epoch e = step // steps_per_epoch
 visits the training rows in Grain's shuffled order for (seed, e) (``MapDataset.range(n).shuffle().repeat()``; the
 last partial batch of an epoch is dropped), and each row is masked afresh with randomness keyed by (seed, e, row)
-(``examples.masked_batch``). A process reads only its block of rows of each global batch (``block`` of
+(``examples.masked_batch``; packed rows: ``packing.masked_packed_batch``, each sample of a row masked on its own). A process reads only its block of rows of each global batch (``block`` of
 ``n_blocks``: ``distributed.batch_block``). Grain runs the batches in worker processes ahead of the consumer
 (``MultiprocessingOptions``), or in threads of this process with ``workers=0``.
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from .corpus import DataError
 from .examples import EVAL_EPOCH, hash64, masked_batch
+from .packing import masked_packed_batch, max_predictions as packed_max_predictions
 from .prepared import PreparedSet
 
 STATE_FORMAT = "jaxformer-loader-state"
@@ -38,6 +39,8 @@ def _max_predictions(data: PreparedSet, mask_prob: float, max_predictions: int |
     if not (isinstance(mask_prob, (int, float)) and 0 < mask_prob < 1):
         raise DataError(f"mask_prob={mask_prob!r} must be in (0, 1)")
     if max_predictions is None:
+        if data.packing:
+            return packed_max_predictions(data.seq_len, mask_prob, data.packing)
         return min(data.seq_len - 3, math.ceil(mask_prob * data.seq_len))
     if not isinstance(max_predictions, int) or not 1 <= max_predictions <= data.seq_len - 3:
         raise DataError(f"max_predictions={max_predictions!r} must be an integer in [1, seq_len - 3 = "
@@ -54,10 +57,18 @@ def _check_blocks(batch_size: int, block: int, n_blocks: int) -> None:
 
 
 def _stream(data: PreparedSet, seed: int, batch_size: int, mask_prob: float, max_predictions: int) -> dict:
-    """What the global batch stream depends on (not the process blocks or workers that read it)."""
-    return dict(data=data.manifest["inputs"]["sha256"], tokenizer=data.manifest["tokenizer"]["sha256"],
-                seq_len=data.seq_len, pair_seed=data.pair_seed, seed=seed, batch_size=batch_size,
-                mask_prob=mask_prob, max_predictions=max_predictions)
+    """What the global batch stream depends on (not the process blocks or workers that read it); `pack` only for
+    packed rows, so that unpacked states keep their earlier form."""
+    stream = dict(data=data.manifest["inputs"]["sha256"], tokenizer=data.manifest["tokenizer"]["sha256"],
+                  seq_len=data.seq_len, pair_seed=data.pair_seed, seed=seed, batch_size=batch_size,
+                  mask_prob=mask_prob, max_predictions=max_predictions)
+    return dict(stream, pack=data.packing) if data.packing else stream
+
+
+def masking(data: PreparedSet):
+    """The masking function of `data`'s rows: `examples.masked_batch`, or `packing.masked_packed_batch` for packed
+    rows (same signature)."""
+    return masked_packed_batch if data.packing else masked_batch
 
 
 class _TrainBatch:
@@ -73,14 +84,14 @@ class _TrainBatch:
         self.local = batch_size // n_blocks
         self.offset = block * self.local
         self.seed, self.special, self.random_ids = seed, data.special, data.random_ids
-        self.mask_prob, self.max_predictions = mask_prob, max_predictions
+        self.mask_prob, self.max_predictions, self.mask = mask_prob, max_predictions, masking(data)
 
     def __call__(self, step) -> dict[str, np.ndarray]:
         epoch, k = divmod(int(step), self.steps_per_epoch)
         first = epoch * self.n + k * self.batch_size + self.offset  # position in the repeated, shuffled order
         rows = np.fromiter((self.order[first + r] for r in range(self.local)), np.int64, self.local)
-        return masked_batch(self.rows.read(rows), rows, (self.seed, epoch), self.special, self.random_ids,
-                            self.mask_prob, self.max_predictions)
+        return self.mask(self.rows.read(rows), rows, (self.seed, epoch), self.special, self.random_ids,
+                         self.mask_prob, self.max_predictions)
 
 
 def _init_worker(index: int, count: int) -> None:
@@ -191,7 +202,9 @@ def train_batches(data: PreparedSet, batch_size: int, seed: int = 0, start_step:
     step saved in ``state`` (``TrainBatches.state()``; DataError if it was saved for another stream: other data,
     seed, batch size or masking). Batches hold ``input_ids``, ``token_type_ids``, ``attention_mask`` (b, S) int32,
     ``masked_positions``, ``masked_labels`` (b, P) int32, ``masked_weights`` (b, P) float32 and ``nsp_labels``
-    (b,) int32 (0: B continues A, 1: B is random), with b = batch_size / n_blocks."""
+    (b,) int32 (0: B continues A, 1: B is random), with b = batch_size / n_blocks. Packed rows (up to K samples):
+    ``nsp_labels`` is (b, K), with ``segment_ids``, ``position_ids``, ``nsp_positions`` and ``nsp_weights``
+    (``packing.masked_packed_batch``)."""
     _check_blocks(batch_size, block, n_blocks)
     if data.num_train_examples < batch_size:
         raise DataError(f"{data.root} has {data.num_train_examples} training examples, fewer than one batch of "
@@ -219,15 +232,16 @@ def restore_step(state: bytes, data: PreparedSet, batch_size: int, seed: int, ma
     except (ValueError, AttributeError, TypeError) as e:
         raise DataError(f"the data iterator state is unreadable ({e}): {bytes(state)[:80]!r}") from e
     now = _stream(data, seed, batch_size, mask_prob, max_predictions)
-    if diff := [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in now.items() if saved.get(k) != v]:
+    keys = [k for k in {**now, **saved} if k not in ("format", "step")]
+    if diff := [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]:
         raise DataError("the data iterator state was saved for another data stream: " + "; ".join(diff))
     return saved["step"]
 
 
 # ----------------------------------------------------------------------------- eval
 def _eval_rows(data: PreparedSet, rows: np.ndarray, seed: int, mask_prob: float, n_pred: int) -> dict:
-    return masked_batch(data.rows["eval"].read(rows), rows, (seed, EVAL_EPOCH), data.special, data.random_ids,
-                        mask_prob, n_pred)
+    return masking(data)(data.rows["eval"].read(rows), rows, (seed, EVAL_EPOCH), data.special, data.random_ids,
+                         mask_prob, n_pred)
 
 
 def eval_batches(data: PreparedSet, batch_size: int, seed: int = 0, limit: int | None = None, block: int = 0,

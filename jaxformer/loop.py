@@ -98,7 +98,7 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PreparedSet, tra
     summary: dict[str, Any] = dict(out=str(out), most_frequent_token_baseline=baseline)
     writer = MetricsWriter(out) if main else _NoWriter()
     progress = _Progress(tc, start)
-    meter, profile = _Throughput(tc.batch_size, batches, start), _Profile(tc, out, log)
+    meter, profile = _Throughput(tc.batch_size, batches, start, packed=tc.pack), _Profile(tc, out, log)
     step, recent, last_eval = start, {}, {}
     try:
         if tc.dump_hlo and main:
@@ -111,6 +111,7 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PreparedSet, tra
                 since = "" if started is None else f"; {time.perf_counter() - started:.1f}s after the start"
                 log(f"step {start + 1}: compiling the train step (the first step takes longer than the others){since}")
             state, metrics = steps.train_step(state, batch)
+            meter.count(metrics)
             step += 1
             progress.update(metrics, log)
             profile.after(step, state)
@@ -153,7 +154,8 @@ def _log_metrics(metrics, step: int, meter: "_Throughput", writer, progress, ckp
                                  f"{latest}, in {ckpt.directory})"))
     record = dict(step=step, **recent, **meter.since_last(step))
     writer.write(record)
-    progress.set_postfix(loss=f"{recent['loss']:.3f}", seq_s=f"{record['seq_per_s']:.0f}")
+    progress.set_postfix(loss=f"{recent['loss']:.3f}", seq_s=f"{record['seq_per_s']:.0f}",
+                         tok_s=f"{record['tokens_per_s']:.0f}")
     return recent
 
 
@@ -196,17 +198,28 @@ class _Progress:
 
 
 class _Throughput:
-    """Sequences per second and seconds spent waiting for data since the previous log step."""
+    """Rows (sequences) and real (not padding) tokens per second, and seconds spent waiting for data, since the
+    previous log step; samples per second too where rows are packed (several samples a row). The steps' token and
+    sample counts stay on the device until the log step fetches them."""
 
-    def __init__(self, batch_size: int, batches: Prefetcher, step: int):
-        self.batch_size, self.batches = batch_size, batches
+    def __init__(self, batch_size: int, batches: Prefetcher, step: int, packed: bool = False):
+        self.batch_size, self.batches, self.packed = batch_size, batches, packed
         self.tick, self.step, self.waited = time.perf_counter(), step, 0.0
+        self.counts: list = []
+
+    def count(self, metrics) -> None:
+        self.counts.append((metrics["n_tokens"], metrics["n_seq"]))
 
     def since_last(self, step: int) -> dict[str, float]:
+        counts = jax.device_get(self.counts)
         now = time.perf_counter()
-        out = dict(seq_per_s=(step - self.step) * self.batch_size / (now - self.tick),
+        seconds = now - self.tick
+        out = dict(seq_per_s=(step - self.step) * self.batch_size / seconds,
+                   tokens_per_s=sum(float(t) for t, _ in counts) / seconds,
                    data_wait_s=self.batches.wait_seconds - self.waited)
-        self.tick, self.step, self.waited = now, step, self.batches.wait_seconds
+        if self.packed:
+            out["samples_per_s"] = sum(float(n) for _, n in counts) / seconds
+        self.tick, self.step, self.waited, self.counts = now, step, self.batches.wait_seconds, []
         return out
 
 

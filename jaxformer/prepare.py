@@ -8,12 +8,13 @@ Stages (each resumable: an interrupted run picks up where it stopped, a finished
    read and tokenize them in parallel into ``.prepare/piece-*.npz`` (token ids, sentence and document sizes).
 2. concatenate: the pieces, in corpus order, into one flat token array ``.prepare/tokens.npy``.
 3. pairs: the held-out split and the NSP pairs of both splits (``examples.make_pairs``: one random stream over the
-   documents in order, so this stage is sequential and the pairs depend on ``seed``, recorded as ``pair_seed``).
+   documents in order, so this stage is sequential and the pairs depend on ``seed``, recorded as ``pair_seed``);
+   with ``pack`` = K, which pairs share a row (``packing.pack``: up to K a row, best-fit decreasing).
 4. shards: worker processes assemble the rows and write ``train-*.npy`` / ``eval-*.npy`` (prepared.py) with a
    checksum each; last, ``manifest.json`` is written and ``.prepare/`` removed.
 
-The result depends only on the corpus, the tokenizer, seq_len and seed (and the chunk and shard sizes, which only
-cut it differently): masking is applied at batch time (``jaxformer.loader``). ``train.py`` prepares raw text this way
+The result depends only on the corpus, the tokenizer, seq_len, seed and pack (and the chunk and shard sizes, which
+only cut it differently): masking is applied at batch time (``jaxformer.loader``). ``train.py`` prepares raw text this way
 on the fly, into a cache (jaxformer/run_data.py).
 """
 from __future__ import annotations
@@ -35,8 +36,9 @@ from tqdm.auto import tqdm
 
 from .corpus import (MAX_LINE_BYTES, CorpusStats, DataError, PathLike, builtin_corpus, iter_file_documents,
                      load_or_train_tokenizer, resolve_paths, special_token_ids)
-from .data import DataConfig
+from .data import DataConfig, pack_ok
 from .examples import Pairs, assemble_rows, eval_documents, make_pairs, row_dtype, token_dtype
+from .packing import PACK_WINDOW, assemble_packed_rows, default_samples_per_row, pack, packed_pairs
 from .prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER, VERSION, read_manifest, savez, sha256_file,
                        shard_name, tokenizer_digest, write_atomic, write_json, write_shard)
 
@@ -117,10 +119,11 @@ def _tokenize_piece(task) -> int:
 
 
 def _write_rows(task) -> tuple[str, str]:
-    """Assemble and write one shard from its slice of the pairs."""
+    """Assemble and write one shard from its slice of the pairs (packed: (rows, K) arrays, ``packing.packed_pairs``)."""
     name, out, pairs, seq_len, special, dtype = task
     tokens = np.load(_worker["tokens_path"], mmap_mode="r")
-    rows = np.concatenate([assemble_rows(tokens, Pairs(*(c[i:i + 65536] for c in pairs)), seq_len, special, dtype)
+    assemble = assemble_packed_rows if pairs.nsp.ndim == 2 else assemble_rows
+    rows = np.concatenate([assemble(tokens, Pairs(*(c[i:i + 65536] for c in pairs)), seq_len, special, dtype)
                            for i in range(0, len(pairs.nsp), 65536)])
     return name, write_shard(Path(out), rows)
 
@@ -144,10 +147,12 @@ class _InProcess:
 # ----------------------------------------------------------------------------- the stages
 def _plan(config: DataConfig, files: list[Path], tokenizer, chunk_bytes: int, rows_per_shard: int) -> dict:
     """Everything the output depends on; a resumed or repeated run must match it."""
-    return dict(seq_len=config.seq_len, pair_seed=config.seed, short_seq_prob=config.short_seq_prob,
+    plan = dict(seq_len=config.seq_len, pair_seed=config.seed, short_seq_prob=config.short_seq_prob,
                 eval_fraction=config.eval_fraction, tokenizer_sha256=tokenizer_digest(tokenizer),
                 files=[[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
                 chunk_bytes=chunk_bytes, rows_per_shard=rows_per_shard)
+    # Unpacked: the plan of earlier versions (a directory they prepared is recognised as finished).
+    return dict(plan, pack=config.pack, pack_window=PACK_WINDOW) if config.pack else plan
 
 
 def _mismatch(old: dict, new: dict) -> str:
@@ -198,7 +203,8 @@ def _tokenize(pool, work: Path, files: list[Path], chunk_bytes: int, dtype: np.d
 
 def _pairs(work: Path, config: DataConfig, where: str) -> tuple[dict[str, Pairs], int]:
     """Stage 3: the eval split and the NSP pairs of both splits (sequential: one random stream); the pairs and
-    the number of eval documents."""
+    the number of eval documents. Packed (``config.pack`` = K): each split's pairs as (rows, K) arrays, zeros in
+    unused slots (``packing.packed_pairs``)."""
     if (work / "pairs.npz").exists():
         with np.load(work / "pairs.npz") as z:
             return {s: Pairs(*(z[f"{s}_{k}"] for k in Pairs._fields)) for s in SPLITS}, int(z["eval_documents"])
@@ -209,6 +215,9 @@ def _pairs(work: Path, config: DataConfig, where: str) -> tuple[dict[str, Pairs]
     rng = random.Random(config.seed)  # one stream: the training split's pairs first, then the held-out split's
     pairs = {s: make_pairs(sent_starts, doc_starts, np.flatnonzero(docs), rng, config.seq_len,
                            config.short_seq_prob) for s, docs in (("train", ~is_eval), ("eval", is_eval))}
+    if config.pack:
+        pairs = {s: packed_pairs(p, pack(p.la.astype(np.int64) + p.lb + 3, config.seq_len, config.pack,
+                                         config.seed)) for s, p in pairs.items()}
     savez(work / "pairs.npz", eval_documents=int(is_eval.sum()),
           **{f"{s}_{k}": v for s, p in pairs.items() for k, v in p._asdict().items()})
     return pairs, int(is_eval.sum())
@@ -257,7 +266,7 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
     tokenizer = load_or_train_tokenizer(config.vocab, files, config.vocab_size, config.lowercase, save_dir=out)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = token_dtype(vocab_size)
-    rdtype = row_dtype(config.seq_len, dtype)
+    rdtype = row_dtype(config.seq_len, dtype, config.pack or 1)
     rows_per_shard = rows_per_shard or max(1, SHARD_BYTES // rdtype.itemsize)
     plan = _plan(config, files, tokenizer, chunk_bytes, rows_per_shard)
 
@@ -310,9 +319,17 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
     shards = {split: [dict(file=n, rows=min(rows_per_shard, len(pairs[split].nsp) - j * rows_per_shard),
                            bytes=(out / n).stat().st_size, sha256=done[n]) for j, n in enumerate(names[split])]
               for split in SPLITS}
+    # Rows, samples (NSP pairs) and the fill: real (non-padding) tokens over the rows' token slots.
     counts.update(train_examples=len(pairs["train"].nsp), eval_examples=len(pairs["eval"].nsp))
+    samples = {s: int((p.la > 0).sum()) for s, p in pairs.items()}
+    fill = {s: round(float((np.where(p.la > 0, p.la.astype(np.int64) + p.lb + 3, 0)).sum())
+                     / max(1, config.seq_len * len(p.nsp)), 4) for s, p in pairs.items()}
+    counts.update(fill=fill)
+    packing = dict(samples_per_row=config.pack, window=PACK_WINDOW, algorithm="best-fit decreasing",
+                   train_samples=samples["train"], eval_samples=samples["eval"]) if config.pack else None
     inputs = dict(files=[dict(path=f, bytes=b) for f, b, _ in plan["files"]], sha256=counts.pop("sha256"))
-    manifest = dict(format=FORMAT, version=VERSION, seq_len=config.seq_len, segments_per_row=1,
+    manifest = dict(format=FORMAT, version=VERSION, seq_len=config.seq_len, segments_per_row=config.pack or 1,
+                    packing=packing,
                     token_dtype=dtype.name, row_bytes=rdtype.itemsize, vocab_size=vocab_size,
                     tokenizer=dict(file=TOKENIZER, sha256=plan["tokenizer_sha256"]), pair_seed=config.seed,
                     short_seq_prob=config.short_seq_prob, eval_fraction=config.eval_fraction, inputs=inputs,
@@ -326,9 +343,13 @@ def prepare(config: DataConfig, out: PathLike, workers: int | None = None, rows_
             if stale.name not in listed:
                 stale.unlink()
     shutil.rmtree(work)
-    log(f"prepared {counts['train_examples']} training / {counts['eval_examples']} eval examples from "
-        f"{counts['bytes'] / 1e6:.1f} MB of text ({counts['documents']} documents, {counts['tokens']} tokens) into "
-        f"{out} in {time.perf_counter() - t_start:.1f}s ({written} of {len(listed)} shards written)")
+    rows = f"{counts['train_examples']} training / {counts['eval_examples']} eval examples"
+    if packing:
+        rows = (f"{samples['train']} training / {samples['eval']} eval examples packed into {counts['train_examples']}"
+                f" / {counts['eval_examples']} rows of up to {config.pack}")
+    log(f"prepared {rows} from {counts['bytes'] / 1e6:.1f} MB of text ({counts['documents']} documents, "
+        f"{counts['tokens']} tokens) into {out} in {time.perf_counter() - t_start:.1f}s ({written} of {len(listed)} "
+        f"shards written); fill {fill['train']:.1%} of the training rows' tokens")
     return manifest
 
 
@@ -342,7 +363,10 @@ def main(argv=None) -> int:
                                                  "tokenizer on the corpus (kept as <out>/tokenizer.json)")
     p.add_argument("--vocab-size", type=int, default=4096, help="size of the tokenizer to train")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    p.add_argument("--seed", type=int, default=0, help="seed of the NSP pairs (recorded as pair_seed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the NSP pairs and the packing (recorded as pair_seed)")
+    p.add_argument("--pack", action="store_true", help="pack several samples into each row (train.py --pack)")
+    p.add_argument("--pack-samples", type=int, default=None, metavar="K",
+                   help="with --pack: at most K samples per row (default --seq-len / 16)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: all cores; 0: all work in this process)")
@@ -359,7 +383,14 @@ def main(argv=None) -> int:
             print(f"{a.out}: {data.num_train_examples} training / {data.num_eval_examples} eval examples, "
                   f"all shards verified")
             return 0
-        config = DataConfig(paths=a.data, seq_len=a.seq_len, seed=a.seed, vocab=a.vocab, vocab_size=a.vocab_size)
+        if a.pack_samples is not None and not a.pack:
+            raise ValueError(f"pack_samples={a.pack_samples} needs --pack")
+        if a.pack_samples is not None and not pack_ok(a.pack_samples, a.seq_len):
+            raise ValueError(f"pack_samples={a.pack_samples} must be an integer in [1, seq_len // 5 = "
+                             f"{a.seq_len // 5}]")
+        samples = (a.pack_samples or default_samples_per_row(a.seq_len)) if a.pack else 0
+        config = DataConfig(paths=a.data, seq_len=a.seq_len, seed=a.seed, vocab=a.vocab, vocab_size=a.vocab_size,
+                            pack=samples)
         prepare(config, a.out, workers=a.workers, rows_per_shard=a.rows_per_shard, progress=not a.no_progress)
     except ValueError as e:  # DataError and bad settings
         print(f"prepare: error: {e}", file=sys.stderr)

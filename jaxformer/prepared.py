@@ -178,13 +178,14 @@ class ShardedRows:
 class PreparedSet:
     """An opened prepared directory: its manifest (checked against the run), tokenizer and rows.
 
-    ``seq_len`` and ``tokenizer`` (a ``tokenizers.Tokenizer``) given: DataError unless the manifest agrees.
+    ``seq_len``, ``tokenizer`` (a ``tokenizers.Tokenizer``) and ``pack`` (0: rows of one sample; K: packed rows of up
+    to K, jaxformer/packing.py) given: DataError unless the manifest agrees.
     ``verify``: "size" checks that every shard exists with its recorded size (instant; catches missing and
     truncated files), "checksum" also hashes every shard (seconds per GB), "none" checks nothing.
     """
 
     def __init__(self, root: PathLike, seq_len: int | None = None, tokenizer: Tokenizer | None = None,
-                 verify: str = "size"):
+                 verify: str = "size", pack: int | None = None):
         if verify not in ("none", "size", "checksum"):
             raise DataError(f"verify={verify!r}: expected 'none', 'size' or 'checksum'")
         self.root = Path(root).expanduser()
@@ -203,9 +204,14 @@ class PreparedSet:
             raise DataError(f"{where} was prepared with a different tokenizer ({m['vocab_size']} tokens, sha256 "
                             f"{m['tokenizer']['sha256'][:16]}...) than the run's ({tokenizer.get_vocab_size(True)} "
                             f"tokens, sha256 {tokenizer_digest(tokenizer)[:16]}...)")
-        if m["segments_per_row"] != 1:
-            raise DataError(f"{where} holds packed rows ({m['segments_per_row']} segments per row); this loader "
-                            "reads one segment per row")
+        self.packing = (m.get("packing") or {}).get("samples_per_row", 0)  # 0: one sample a row
+        if m["segments_per_row"] != (self.packing or 1):
+            raise DataError(f"{where} has {m['segments_per_row']} segments per row and packing {m.get('packing')}")
+        if pack is not None and pack != self.packing:
+            def setting(k):
+                return f"pack_samples={k} (--pack)" if k else "pack=False (one sample a row)"
+            raise DataError(f"{where} was prepared with {setting(self.packing)}; the run asks for {setting(pack)}: "
+                            "prepare the data with the run's packing setting, or use the data's")
         if verify != "none":
             verify_shards(self.root, m, checksums=verify == "checksum")
         self.seq_len, self.vocab_size = m["seq_len"], m["vocab_size"]
@@ -219,6 +225,6 @@ class PreparedSet:
             if len(self.rows[split]) == 0:
                 raise DataError(f"{where} lists no {split} examples: the prepared set is empty")
 
-    num_train_examples = property(lambda self: len(self.rows["train"]))
+    num_train_examples = property(lambda self: len(self.rows["train"]))  # rows (packed: of several samples)
     num_eval_examples = property(lambda self: len(self.rows["eval"]))
     pair_seed = property(lambda self: self.manifest["pair_seed"])

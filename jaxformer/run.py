@@ -151,7 +151,8 @@ def resolved(tc: TrainConfig, vocab_size: int | None = None) -> TrainConfig:
     for one trained on the corpus."""
     from .data import DataConfig
     changes: dict[str, Any] = dict(
-        lr=tc.peak_lr, max_predictions=tc.max_predictions or DataConfig(seq_len=tc.seq_len).max_predictions,
+        lr=tc.peak_lr, pack_samples=tc.packing or None,
+        max_predictions=tc.max_predictions or DataConfig(seq_len=tc.seq_len, pack=tc.packing).max_predictions,
         dropout=tc.dropout if tc.dropout is not None else BertConfig.preset(tc.config).hidden_dropout_prob,
         data=None if tc.data is None else tuple(_absolute(p) for p in tc.data),
         vocab=None if tc.vocab is None else _absolute(tc.vocab))
@@ -216,6 +217,8 @@ def check_resume(tc: TrainConfig, record: dict[str, Any], out: Path, log: Callab
     with gradient compression, of what shapes its state: `compression_changes`, on the resolved `mesh`); log the
     fields that change only how it runs."""
     stored, now = record["train_config"], as_json(dataclasses.asdict(resolved(tc)))
+    # A field newer than the run's record: the run had its default (e.g. pack, off).
+    stored = {**{f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name not in stored}, **stored}
     fixed = [f"{k}: the run has {stored.get(k)!r}, given {now[k]!r}" for k in FIXED if stored.get(k) != now[k]]
     fixed += compression_changes(record, tc, mesh)
     if fixed:

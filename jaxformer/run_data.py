@@ -4,10 +4,11 @@ There is one data path, prepared shards streamed by `jaxformer.loader`:
 
 * `--data DIR` naming a prepared directory (`python -m jaxformer.prepare`: it holds a manifest.json) is opened as it
   is: its manifest, tokenizer and shard sizes are read, no text, so a run starts in the same time whatever its size.
-  Its seq_len and tokenizer must be the run's (`--vocab`, or the run's own on `--resume`).
+  Its seq_len, tokenizer (`--vocab`, or the run's own on `--resume`) and packing (`--pack`, `--pack-samples`) must be
+  the run's.
 * Raw text (`--data` files, directories or globs, or the built-in corpus) is prepared on the fly, the same way, into
   the cache: `$JAXFORMER_CACHE_DIR/prepared/<key>/` (default ~/.cache/jaxformer), the key a digest of the text's
-  contents, the tokenizer, seq_len and the seed (the NSP pairs' `pair_seed`). A later run on the same text and
+  contents, the tokenizer, seq_len, the seed (the NSP pairs' `pair_seed`) and the packing. A later run on the same text and
   settings (a new run, a `--resume`, another `--out`) opens it instead of tokenizing again. Entries are never deleted
   by jaxformer: delete the folder to reclaim the space.
 
@@ -29,6 +30,7 @@ from .config import DEFAULT_VOCAB_SIZE, TrainConfig
 from .corpus import (DataError, builtin_corpus, corpus_digest, default_cache_dir, load_or_train_tokenizer,
                      resolve_paths)
 from .data import DataConfig
+from .packing import PACK_WINDOW
 from .prepare import CHUNK_BYTES, WORK, prepare
 from .prepared import FORMAT, MANIFEST, TOKENIZER, VERSION, PreparedSet, read_manifest, tokenizer_digest
 
@@ -73,10 +75,15 @@ def load(tc: TrainConfig, out: Path, log: Callable = print) -> PreparedSet:
     if data.num_train_examples < tc.batch_size:
         raise DataError(f"corpus too small: {where} holds {data.num_train_examples} training examples, fewer than "
                         f"one batch of batch_size={tc.batch_size}")
-    log(f"data: {data.num_train_examples} training / {data.num_eval_examples} eval examples "
-        f"({loader.steps_per_epoch(data, tc.batch_size)} steps per epoch), vocab {data.vocab_size}, seq_len "
-        f"{data.seq_len}; NSP pairs made with seed {data.pair_seed} (pair_seed), order and masking from --seed "
-        f"{tc.seed}")
+    examples = f"{data.num_train_examples} training / {data.num_eval_examples} eval examples"
+    if data.packing:
+        packing = data.manifest["packing"]
+        examples = (f"{packing['train_samples']} training / {packing['eval_samples']} eval examples packed into "
+                    f"{data.num_train_examples} / {data.num_eval_examples} rows of up to {data.packing}")
+    fill = counts.get("fill", {}).get("train")
+    log(f"data: {examples} ({loader.steps_per_epoch(data, tc.batch_size)} steps per epoch), vocab "
+        f"{data.vocab_size}, seq_len {data.seq_len}" + ("" if fill is None else f", fill {fill:.1%}")
+        + f"; NSP pairs made with seed {data.pair_seed} (pair_seed), order and masking from --seed {tc.seed}")
     return data
 
 
@@ -85,7 +92,7 @@ def _open_given(tc: TrainConfig, root: Path, out: Path) -> PreparedSet:
     tokenizer copied to <out>/tokenizer.json."""
     given = out / TOKENIZER if tc.resume else tc.vocab
     data = PreparedSet(root, seq_len=tc.seq_len,
-                       tokenizer=load_or_train_tokenizer(given) if given is not None else None)
+                       tokenizer=load_or_train_tokenizer(given) if given is not None else None, pack=tc.packing)
     if tc.vocab_size is not None and tc.vocab_size != data.vocab_size:
         raise DataError(f"vocab_size={tc.vocab_size} was given, but {root / MANIFEST} holds the ids of a "
                         f"{data.vocab_size}-token tokenizer (leave --vocab-size out with a prepared set)")
@@ -124,16 +131,18 @@ def _cached(tc: TrainConfig, files: list[Path], tokenizer_file: Path, log: Calla
         raise ValueError(f"--vocab {tc.vocab} has {tokenizer.get_vocab_size(True)} tokens but vocab_size="
                          f"{tc.vocab_size} was fixed")
     config = DataConfig(paths=tuple(str(f) for f in files), seq_len=tc.seq_len, seed=tc.seed,
-                        vocab=str(tokenizer_file))
+                        vocab=str(tokenizer_file), pack=tc.packing)
     key = dict(format=FORMAT, version=VERSION, corpus_sha256=corpus_digest(files),
                tokenizer_sha256=tokenizer_digest(tokenizer), seq_len=config.seq_len, pair_seed=config.seed,
                short_seq_prob=config.short_seq_prob, eval_fraction=config.eval_fraction, chunk_bytes=CHUNK_BYTES)
+    if config.pack:  # unpacked: the key (and cache entry) of earlier versions
+        key.update(pack=config.pack, pack_window=PACK_WINDOW)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     root = default_cache_dir() / CACHE_SUBDIR / digest[:32]
     with _locked(root.with_name(root.name + ".lock")):
         if (root / MANIFEST).is_file():
             try:
-                data = PreparedSet(root, seq_len=tc.seq_len, tokenizer=tokenizer)
+                data = PreparedSet(root, seq_len=tc.seq_len, tokenizer=tokenizer, pack=tc.packing)
                 log(f"data: prepared before, opened from the cache: {root}")
                 return data
             except DataError as e:
@@ -143,7 +152,7 @@ def _cached(tc: TrainConfig, files: list[Path], tokenizer_file: Path, log: Calla
         small = sum(f.stat().st_size for f in files) <= CHUNK_BYTES  # one range to tokenize: no worker processes
         prepare(config, root, workers=0 if small else None, progress=tc.progress and distributed.is_main(),
                 log=log, restart=True)
-    return PreparedSet(root, seq_len=tc.seq_len, tokenizer=tokenizer)
+    return PreparedSet(root, seq_len=tc.seq_len, tokenizer=tokenizer, pack=tc.packing)
 
 
 @contextlib.contextmanager

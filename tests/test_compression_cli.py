@@ -16,7 +16,7 @@ from test_resume import final_checksum
 from test_runs import corpus, expect_error, tokenizer_cache  # noqa: F401 (fixtures)
 from test_trainer import compilation_cache, metrics  # noqa: F401 (a fixture)
 
-TIMING = ("seq_per_s", "data_wait_s")
+TIMING = ("seq_per_s", "tokens_per_s", "samples_per_s", "data_wait_s")
 MESH = "data=2,fsdp=4"  # the 8 test devices: compression over data=2, fsdp's reduce-scatter dense inside
 # --compression-min-size 1024: the tiny model's shards (fsdp=4) are sent sparse, not whole.
 COMPRESSED = ["--mesh", MESH, "--grad-compression", "topk-balanced", "--density", "0.01",

@@ -21,7 +21,7 @@ STEPS = 12
 FLAGS = ["--seq-len", "16", "--batch-size", "8", "--vocab-size", "64", "--steps", str(STEPS), "--warmup-steps", "2",
          "--log-every", "1", "--eval-every", "4", "--eval-batches", "1", "--save-every", "1", "--dropout", "0",
          "--data-workers", "0", "--no-progress"]
-TIMING = ("seq_per_s", "data_wait_s")  # wall-clock fields of a metrics record
+TIMING = ("seq_per_s", "tokens_per_s", "samples_per_s", "data_wait_s")  # wall-clock fields of a metrics record
 
 
 @pytest.fixture(scope="module")
