@@ -32,7 +32,7 @@ from pallas_kernels.timing import time_steps
 from jaxformer.cli import add_flags
 from jaxformer.compression import make_steps
 from jaxformer.config import COMPRESSION_FLAGS, XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
-from jaxformer.data import synthetic_batch
+from jaxformer.data import synthetic_batch, synthetic_packed_batch
 from jaxformer.hlo_analysis import analyze
 from jaxformer.plan.workload import hlo_counts
 from jaxformer.steps import build_model, make_optimizer
@@ -75,6 +75,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     add_flags(ap, TrainConfig, only=COMPRESSION_FLAGS)  # train.py's --grad-compression, --density, ...
+    add_flags(ap, TrainConfig, only=("pack", "pack_samples"))  # packed rows (synthetic_packed_batch)
     a = ap.parse_args()
     if a.grad_compression != "none" and not a.mesh:
         ap.error(f"--grad-compression {a.grad_compression} needs --mesh with data > 1 (e.g. --mesh data=2)")
@@ -83,6 +84,7 @@ def main():
                      mesh=a.mesh or "data=-1",
                      microbatches=a.microbatches, pipeline_repeats=a.pipeline_repeats,
                      sequence_parallel=a.sequence_parallel, xla_opt_level=a.xla_opt_level, xla_gemm=a.xla_gemm,
+                     pack=a.pack, pack_samples=a.pack_samples,
                      **{f: getattr(a, f) for f in COMPRESSION_FLAGS})
     cfg = tc.model_config(30522)
     mesh = sharding.make_mesh(sharding.validate(tc.mesh, cfg, tc)) if a.mesh else None
@@ -91,8 +93,12 @@ def main():
     state = steps.place(steps.init_state(model, 0))
     del model
     p = max(1, round(0.15 * a.seq_len))
-    batches = [steps.place_batch(synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed))
-               for seed in range(4)]
+
+    def batch(seed):  # packed: BERT-like sample lengths packed up to tc.packing a row, masked per sample
+        if tc.pack:
+            return synthetic_packed_batch(cfg.vocab_size, a.batch_size, a.seq_len, tc.packing, seed=seed)
+        return synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed)
+    batches = [steps.place_batch(batch(seed)) for seed in range(4)]
     collectives = counts = None
     if a.dump_hlo or a.record:
         hlo = steps.train_step.compile(state, batches[0]).as_text()
