@@ -31,8 +31,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_
     # q_ref, do_ref (S, H); lse_ref, delta_ref (S,); k_ref, v_ref (block_k, H); code_ref (block_k,); with segments
     # qcode_ref (S,) the query rows' codes and span_ref (2,) the query blocks to visit, else None; biases as forward;
     # out_refs: dk_ref, dv_ref (block_k, H), or one (block_k, 3, H) block of the packed dQKV, whose C = 1, 2 rows are
-    # written here (`aliased`: the dQ kernel's dQKV, passed first as an unread input); then with bias_grad a (2, H)
-    # block for the column sums of dK and dV; last with store_ds this key block's dS, (block_k, S) key-major or
+    # written here (`aliased`: the dQ kernel's dQKV, passed first as an unread input); then with bias_grad a (3, H)
+    # block for this key block's shares of the Q/K/V bias gradient (`_pair_dbias`); last with store_ds this key block's dS, (block_k, S) key-major or
     # (S, block_k)
     ds_ref = sum_ref = None
     if store_ds:
@@ -57,7 +57,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_
         pd, ds = tiles.grad_tile(q, k, v, do, code, lse_ref[rows], delta_ref[rows], keep,
                                  qk_scale=scale * tiles.LOG2E, rate=rate, key_major=key_major, kb=kb,
                                  qcode=None if qcode_ref is None else qcode_ref[rows])
-        if kb is not None:
+        if kb is not None or bias_grad:
             ds_sum = ds_sum + jnp.sum(ds, axis=1 if key_major else 0)
         if ds_ref is not None:  # rounded as the dK product (and the dQ kernel's) takes it
             if key_major:
@@ -83,16 +83,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_
         lax.fori_loop(end, n_blocks, zero, 0)
     dk, dv = tiles.store_dkdv(out_refs, tiles.dk_with_bias(dk, ds_sum, qb_ref) * scale, dv)  # d(q.k * scale)/dk = scale * q
     if sum_ref is not None:
-        sum_ref[0, :] = tiles.colsum(dk)
-        sum_ref[1, :] = tiles.colsum(dv)
+        # q's share: sum_s dQ_s = scale * sum_t colsum_t(dS) k_t, from the fp32 dS of this kernel. Summing the dQ
+        # kernel's output instead carries the rounding of the dS it reads (bf16 with `store_ds`) into a quantity with
+        # heavy cancellation (the rows of dS sum to 0): 2.4% off at S=512 against 0.8% for a bf16 reference.
+        sum_ref[0, :] = scale * jnp.sum(ds_sum[:, None] * k.astype(jnp.float32), axis=0)
+        sum_ref[1, :] = tiles.colsum(dk)
+        sum_ref[2, :] = tiles.colsum(dv)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_ref, seed_ref, do_ref, lse_ref, o_ref,
-               dq_ref, delta_ref, *sum_ref, scale, block_k, heads, s_len, rate):
+               dq_ref, delta_ref, *, scale, block_k, heads, s_len, rate):
     # q_ref, do_ref, o_ref, dq_ref (block_q, H) (dq_ref: the C = 0 block of the packed dQKV when packed); lse_ref,
     # delta_ref (block_q,); k_ref, v_ref (T, H); code_ref (T,); qcode_ref (block_q,) and span_ref (2,) (the key
-    # blocks to visit) with segments, else None;
-    # sum_ref: optional (H,) block for dQ's column sums.
+    # blocks to visit) with segments, else None.
     # Runs before the dK/dV kernel: it forms delta = rowsum(dO * O) of its rows (read once here, not by a separate
     # XLA pass) and writes it for that kernel.
     block_q, h = q_ref.shape
@@ -115,14 +118,14 @@ def _dq_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_re
         return dq + pltriton.dot(ds.astype(k.dtype), k)
 
     first, end = tiles.block_span(span_ref, t_len // block_k)
-    _store_dq(dq_ref, sum_ref, lax.fori_loop(first, end, body, jnp.zeros((block_q, h), jnp.float32)), scale)
+    dq_ref[...] = (lax.fori_loop(first, end, body, jnp.zeros((block_q, h), jnp.float32)) * scale).astype(dq_ref.dtype)
 
 
 def _dq_from_ds_kernel(ds_ref, k_ref, *refs, scale, block_k, key_major, aliased):
     # ds_ref: this query block's dS as the dK/dV kernel stored it, (T, block_q) key-major or (block_q, T); k_ref (T, H);
-    # refs: (the packed dQKV as an aliased input, unread, if `aliased`), dq_ref (block_q, H), then optionally a (H,)
-    # block for dQ's column sums. dQ = dS K: no scores, mask or probabilities here (`Blocks.store_ds`).
-    dq_ref, *sum_ref = refs[1:] if aliased else refs
+    # refs: (the packed dQKV as an aliased input, unread, if `aliased`), dq_ref (block_q, H). dQ = dS K: no scores,
+    # mask or probabilities here (`Blocks.store_ds`).
+    dq_ref = refs[-1]
     t_len, h = k_ref.shape
 
     def body(j, dq):
@@ -131,16 +134,7 @@ def _dq_from_ds_kernel(ds_ref, k_ref, *refs, scale, block_k, key_major, aliased)
         return dq + pltriton.dot(ds, k_ref[kv, :], trans_a=key_major)
 
     zeros = jnp.zeros((dq_ref.shape[0], h), jnp.float32)
-    _store_dq(dq_ref, sum_ref, lax.fori_loop(0, t_len // block_k, body, zeros), scale)
-
-
-def _store_dq(dq_ref, sum_ref, dq, scale):
-    """Write dQ (the fp32 sum over key blocks, times the score scale) and, if `sum_ref` holds a (H,) block, its
-    column sums as stored (the dQ kernels' share of the bias gradient)."""
-    dq = (dq * scale).astype(dq_ref.dtype)
-    dq_ref[...] = dq
-    if sum_ref:
-        sum_ref[0][...] = tiles.colsum(dq)
+    dq_ref[...] = (lax.fori_loop(0, t_len // block_k, body, zeros) * scale).astype(dq_ref.dtype)
 
 
 def _bwd_fused_kernel(q_ref, k_ref, v_ref, qb_ref, vb_ref, code_ref, qcode_ref, span_ref, seed_ref, do_ref, lse_ref,
@@ -220,8 +214,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
     """(dq, dk, dv) in the dtypes of (q, k, v); `heads` and `bias` as in `forward`. `packed` (q, k, v one
     (B, S, 3, N, H) array): the packed dQKV (B, S, 3, N, H), written in place by both kernels (no concatenation).
     `bias_grad`: ((those), dbias) with dbias (3, N, H) in fp32, the sums of dQ, dK, dV over B and S (the gradient of
-    a Q/K/V bias added before attention, folded or not): each program sums the columns of the tiles it stores, and
-    XLA adds those per-program sums, so dQKV is not read again for it. `segments`: as in `forward`."""
+    a Q/K/V bias added before attention, folded or not): each program sums the columns of the tiles it stores (the
+    pair: dK and dV, and q's part from its fp32 dS), and XLA adds those per-program sums, so dQKV is not read again. `segments`: as in `forward`."""
     b, s, n, h, t = tiles.shapes(q, k, packed)
     heads = n if heads is None else heads
     if blocks.fused_bwd:
@@ -235,7 +229,7 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
     spans = tiles.segment_blocks(code, bq, blocks.block_k_dq)[0] if segments else None
     row_block = pl.BlockSpec((None, bq, None, h), lambda i, b_, n_: (b_, i, n_, 0))
     stat_block = pl.BlockSpec((None, None, bq), lambda i, b_, n_: (b_, n_, i))
-    dq, delta, *dq_sums = pl.pallas_call(
+    dq, delta = pl.pallas_call(
         functools.partial(_dq_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, heads=heads, s_len=s, rate=rate),
         grid=(s // bq, b, n),
         in_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), tiles.qkv_spec(packed, 1, t, h, lambda i: 0),
@@ -243,9 +237,8 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
                   pl.BlockSpec((None, t), lambda i, b_, n_: (b_, 0)), tiles.qcode_spec(segments, bq, lambda i: i),
                   tiles.span_spec(segments, lambda i: i), tiles.seed_spec(seed), row_block, stat_block, row_block],
         # packed: the C = 0 blocks of a new (B, S, 3, N, H) dQKV, whose C = 1, 2 rows the dK/dV kernel writes
-        out_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), stat_block, *_dq_sum_spec(bias_grad, h)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32),
-                   *_dq_sum_shape(bias_grad, s // bq, b, n, h)],
+        out_specs=[tiles.qkv_spec(packed, 0, bq, h, lambda i: i), stat_block],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, s), jnp.float32)],
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq",
@@ -254,23 +247,13 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, blocks: Blocks, in
                                     interpret=interpret, heads=heads, packed=packed, bias=bias, bias_grad=bias_grad,
                                     dqkv=dq if packed else None, segments=segments)
     grads = dkdv[0] if packed else (dq, *dkdv)
-    return (grads, _pair_dbias(dq_sums[0], dkdv_sums)) if bias_grad else grads
+    return (grads, _pair_dbias(dkdv_sums)) if bias_grad else grads
 
 
-def _dq_sum_spec(bias_grad: bool, h: int):
-    """The dQ kernels' per-program column sums of dQ: a (H,) block of a (S // block_q, B, N, H) array (none without
-    bias_grad)."""
-    return [pl.BlockSpec((None, None, None, h), lambda i, b_, n_: (i, b_, n_, 0))] if bias_grad else []
-
-
-def _dq_sum_shape(bias_grad: bool, *shape):
-    return [jax.ShapeDtypeStruct(shape, jnp.float32)] if bias_grad else []
-
-
-def _pair_dbias(dq_sums, dkdv_sums):
-    """(3, N, H) bias gradient from the pair's per-program column sums: dQ's (S/bq, B, N, H), dK/dV's (T/bk, B, N, 2,
-    H)."""
-    return jnp.concatenate([jnp.sum(dq_sums, axis=(0, 1))[None], jnp.sum(dkdv_sums, axis=(0, 1)).swapaxes(0, 1)])
+def _pair_dbias(dkdv_sums):
+    """(3, N, H) bias gradient from the dK/dV kernel's per-program shares (T/bk, B, N, 3, H): q's from the fp32 dS,
+    the column sums of dK and dV as stored."""
+    return jnp.sum(dkdv_sums, axis=(0, 1)).swapaxes(0, 1)
 
 
 def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, heads, packed, bias, bias_grad,
@@ -290,9 +273,9 @@ def _dkdv_call(q, k, v, code, seed, do, lse, delta, *, rate, blocks, interpret, 
         out_specs = [key_block, key_block]
         out_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     n_grads = len(out_specs)
-    if bias_grad:  # dK's and dV's column sums per program
-        out_specs = out_specs + [pl.BlockSpec((None, None, None, 2, h), lambda j, b_, n_: (j, b_, n_, 0, 0))]
-        out_shapes = out_shapes + [jax.ShapeDtypeStruct((t // bk, b, n, 2, h), jnp.float32)]
+    if bias_grad:  # each program's shares of the Q/K/V bias gradient
+        out_specs = out_specs + [pl.BlockSpec((None, None, None, 3, h), lambda j, b_, n_: (j, b_, n_, 0, 0))]
+        out_shapes = out_shapes + [jax.ShapeDtypeStruct((t // bk, b, n, 3, h), jnp.float32)]
     store_ds = blocks.store_ds
     if store_ds:  # this key block's dS for every query
         out_specs = out_specs + [_ds_spec(blocks, bk, s, lambda j: j, lambda j: 0)]
@@ -332,22 +315,22 @@ def _backward_stored_ds(q, k, v, code, seed, o, lse, do, *, rate, blocks, interp
                                      bias_grad=bias_grad, segments=segments)
     bq = blocks.block_q_dq
     dq_spec = tiles.qkv_spec(packed, 0, bq, h, lambda i: i)
-    dq, *dq_sums = pl.pallas_call(
+    dq, = pl.pallas_call(
         functools.partial(_dq_from_ds_kernel, scale=h**-0.5, block_k=blocks.block_k_dq, key_major=blocks.key_major,
                           aliased=packed),
         grid=(s // bq, b, n),
         in_specs=[_ds_spec(blocks, t, bq, lambda i: 0, lambda i: i), tiles.qkv_spec(packed, 1, t, h, lambda i: 0)]
         + ([dq_spec] if packed else []),
         # packed: C = 0 of the dK/dV kernel's dQKV, written in place
-        out_specs=[dq_spec, *_dq_sum_spec(bias_grad, h)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), *_dq_sum_shape(bias_grad, s // bq, b, n, h)],
+        out_specs=[dq_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)],
         input_output_aliases={2: 0} if packed else {},
         compiler_params=compiler_params(blocks.num_warps_dq or blocks.num_warps_bwd,
                                         blocks.num_stages_dq or blocks.num_stages_bwd),
         interpret=interpret, name="flash_attention_dq_from_ds",
     )(ds, k, *([dkdv[0]] if packed else []))
     grads = dq if packed else (dq, *dkdv)
-    return (grads, _pair_dbias(dq_sums[0], dkdv_sums)) if bias_grad else grads
+    return (grads, _pair_dbias(dkdv_sums)) if bias_grad else grads
 
 
 def _backward_fused(q, k, v, code, seed, o, lse, do, *, rate, blocks, interpret, heads, packed, bias=None,

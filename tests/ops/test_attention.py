@@ -436,9 +436,12 @@ def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, segments=False, **kw
         scale = float(np.max(np.abs(np.asarray(ref[1], np.float32)))) * qkv.shape[1]
         assert float(np.max(np.abs(np.asarray(got[2][1], np.float32)))) < tol * scale
         # The kernels sum the bias gradient from the tiles they store: it is dQKV summed over B and S, to fp32
-        # summation order (k's part included, though it is only rounding noise).
+        # summation order (k's part included, though it is only rounding noise). The dK/dV + dQ pair takes q's part
+        # from its fp32 dS instead (backward._dkdv_kernel), closer to the truth than the stored dQ's sum.
         dqkv_sum = np.asarray(got[1], np.float32).sum(axis=(0, 1))
-        np.testing.assert_allclose(np.asarray(got[2], np.float32), dqkv_sum, rtol=1e-4,
+        fused = (kw.get("blocks") or default_blocks(qkv.shape[1], qkv.shape[-1])).fused_bwd
+        parts = slice(0, 3) if fused or kw.get("impl", "triton").startswith("mosaic") else slice(1, 3)
+        np.testing.assert_allclose(np.asarray(got[2], np.float32)[parts], dqkv_sum[parts], rtol=1e-4,
                                    atol=1e-5 * float(np.max(np.abs(dqkv_sum))))
 
 
