@@ -1,7 +1,8 @@
 """`python -m jaxformer.plan --calibrate FILE`: measure the rates the model uses on this machine's GPUs.
 
 * GEMMs at BERT-base's and BERT-large's shapes (QKV, attention output, the two feed-forward GEMMs, whole and split
-  in two for tensor parallelism) on 2048 and 8192 tokens, bf16: time = t0 + flop / rate, least squares;
+  in two for tensor parallelism) on 2048 and 8192 tokens, bf16, each chained with its shape back (`gemm_pair_step`):
+  time = t0 + flop / rate, least squares;
 * the copy bandwidth (a streaming scale of 256 MiB, read + write counted);
 * with more than one device, all-reduce, all-gather, reduce-scatter, all-to-all and a ring permute over all of
   them, 4 KiB to 64 MiB per device: time = steps x alpha + wire bytes / beta (ring algorithms), least squares.
@@ -55,20 +56,38 @@ def _time(step, args, quick: bool) -> float:
     return time_step(step, args, repeats=3 if quick else 5, rotate_bytes=2**20 if quick else None)
 
 
-def measure_gemms(shapes, quick: bool = False) -> list[dict]:
+def gemm_pair(m: int, k: int, n: int, seed: int = 0) -> tuple:
+    """Operands of `gemm_pair_step`: x (m, k), w1 (k, n), w2 (n, k), bf16, the weights scaled by 1/sqrt(fan-in) so
+    that values stay near unit size along a chain."""
     import jax
     import jax.numpy as jnp
-    out = []
-    for m, k, n in shapes:
-        key = jax.random.split(jax.random.key(m + k + n), 2)
-        a = jax.random.normal(key[0], (m, k), jnp.float32).astype(jnp.bfloat16)
-        w = jax.random.normal(key[1], (k, n), jnp.float32).astype(jnp.bfloat16)
-        c = jnp.zeros((m, n), jnp.bfloat16)
-        # The product accumulates into the carried c: each step's GEMM is live (a product that no later step read
-        # would be removed as dead code, and the chain would time nothing)
-        t = _time(lambda args: (args[0], args[1], args[2] + args[0] @ args[1]), (a, w, c), quick)
-        out.append(dict(m=m, k=k, n=n, flop=2.0 * m * k * n, seconds=t))
-    return out
+    key = jax.random.split(jax.random.key(seed + m + k + n), 3)
+    return tuple((jax.random.normal(kk, shape, jnp.float32) * scale).astype(jnp.bfloat16)
+                 for kk, shape, scale in ((key[0], (m, k), 1.0), (key[1], (k, n), k ** -0.5),
+                                          (key[2], (n, k), n ** -0.5)))
+
+
+def gemm_pair_step(args: tuple) -> tuple:
+    """Two GEMMs of 2mkn flop each, x (m, k) @ w1 (k, n) @ w2 (n, k) -> the next x: each product feeds the next
+    (nothing is dead code) and no pass over memory is added beside the GEMMs' own reads and writes (the chain it
+    replaced, `c + a @ w`, read and wrote a carried output once more per GEMM, which put the fitted rate below what
+    the step's GEMMs reach: docs/performance-model.md, calibration)."""
+    x, w1, w2 = args
+    return (x @ w1) @ w2, w1, w2
+
+
+def measure_gemm_rate(m: int = 8192, k: int = 1024, n: int = 4096, quick: bool = False) -> dict:
+    """bf16 flop/s of chained GEMM pairs (`gemm_pair_step`) at (m, k, n) and back: the GEMM rate this device reaches
+    at a shape, timed by `pallas_kernels.timing.time_step` (8192 x 1024 x 4096: BERT-large's feed-forward GEMMs on
+    64 x 128 tokens). {m, k, n, flop (per GEMM), seconds (per GEMM), flop_per_s}."""
+    t = _time(gemm_pair_step, gemm_pair(m, k, n), quick) / 2
+    return dict(m=m, k=k, n=n, flop=2.0 * m * k * n, seconds=t, flop_per_s=2.0 * m * k * n / t)
+
+
+def measure_gemms(shapes, quick: bool = False) -> list[dict]:
+    """{m, k, n, flop, seconds} per shape: half a `gemm_pair_step` at (m, k, n) (its GEMM and the one back)."""
+    return [{key: r[key] for key in ("m", "k", "n", "flop", "seconds")}
+            for r in (measure_gemm_rate(m, k, n, quick) for m, k, n in shapes)]
 
 
 def measure_copy(nbytes: int, quick: bool = False) -> dict:
