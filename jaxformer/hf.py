@@ -196,8 +196,8 @@ def from_transformers(src, *, seed: int = 0, **overrides) -> BertForPreTraining:
         config = _config_from_hf(_read_config(Path(src)), overrides)
         raw = _read_weights(Path(src))
     elif hasattr(src, "state_dict") and hasattr(src, "config"):
-        hf_config, raw = _read_object(src)
-        config = _config_from_hf(hf_config, overrides)
+        fields, raw = _read_object(src)
+        config = _config_from_hf(fields, overrides)
     else:
         raise TypeError(f"src must be a transformers BERT model or a directory path, got {type(src).__name__}")
     tensors = {_normalise_key(k): np.asarray(v, np.float32) for k, v in raw.items()}
@@ -268,6 +268,15 @@ def _set_node(tree, path, value):
     tree[path[-1]] = value
 
 
+def hf_config(cfg: BertConfig) -> dict[str, Any]:
+    """The Hugging Face `config.json` fields of `cfg` (`transformers.BertConfig(**hf_config(cfg))` builds the same
+    architecture: what `to_transformers` writes, and benchmarks/compare_pytorch.py's PyTorch model)."""
+    config = {k: getattr(cfg, k) for k in _CONFIG_FIELDS}
+    config.update(model_type="bert", architectures=["BertForPreTraining"], hidden_act="gelu",
+                  position_embedding_type="absolute", pad_token_id=0, tie_word_embeddings=True, dtype="float32")
+    return config
+
+
 def to_transformers(model: BertForPreTraining, directory) -> Path:
     """Write `model` as a directory that `transformers.BertForPreTraining.from_pretrained` loads.
 
@@ -291,14 +300,11 @@ def to_transformers(model: BertForPreTraining, directory) -> Path:
                 value = value[("query", "key", "value").index(key.split(".")[-2])]
                 value = value.reshape(d, n * h).T if key.endswith("weight") else value.reshape(n * h)
         tensors[key] = np.ascontiguousarray(value if to_hf is None else to_hf(value))
-    hf_config = {k: getattr(cfg, k) for k in _CONFIG_FIELDS}
-    hf_config.update(model_type="bert", architectures=["BertForPreTraining"], hidden_act="gelu",
-                     position_embedding_type="absolute", pad_token_id=0, tie_word_embeddings=True,
-                     dtype="float32")
+    config = hf_config(cfg)
     # Write to temporary names first so an interrupted export never leaves a half-written model behind.
     tmp_weights, tmp_config = directory / "model.safetensors.tmp", directory / "config.json.tmp"
     save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
-    tmp_config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    tmp_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     os.replace(tmp_weights, directory / "model.safetensors")
     os.replace(tmp_config, directory / "config.json")
     return directory
