@@ -7,7 +7,9 @@
 
 Times `--steps` back-to-back steps after `--warmup` (the steps chain through the donated state, so the device
 never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory
-(per device, the largest). `--batch-size` is global; with `--mesh` the step runs on that mesh of all devices
+(per device, the largest), and the model's flop rate: `tflops` (the step's contractions counted from the model,
+`model_flop`, per second), `mfu` (of the GPUs' datasheet bf16 dense peak, jaxformer.plan.hardware; null on a device
+without a profile, the CPU included) and `mfu_measured` (of `--gemm`'s bf16 GEMM rate measured in the same process). `--batch-size` is global; with `--mesh` the step runs on that mesh of all devices
 (train.py's `--mesh/--microbatches/--pipeline-repeats`), without it on the default device, unsharded.
 
 `--record [FILE]` also appends the result as one JSON line to FILE (default benchmarks/results/runs.jsonl) with the
@@ -34,7 +36,10 @@ from jaxformer.compression import make_steps
 from jaxformer.config import COMPRESSION_FLAGS, XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
 from jaxformer.data import synthetic_batch, synthetic_packed_batch
 from jaxformer.hlo_analysis import analyze
-from jaxformer.plan.workload import hlo_counts
+from jaxformer.plan.calibrate import measure_gemm_rate
+from jaxformer.plan.hardware import PROFILES
+from jaxformer.plan.validate import gpu_key
+from jaxformer.plan.workload import Strategy, Workload, hlo_counts, step_gemms
 from jaxformer.steps import build_model, make_optimizer
 
 RUNS = "benchmarks/results/runs.jsonl"
@@ -52,7 +57,48 @@ def collective_summary(hlo: str) -> list[dict]:
     return [dict(kind=k, trips=t, count=n, gb_per_step=round(gb, 3)) for (k, t), (n, gb) in sorted(groups.items())]
 
 
-def main():
+def model_flop(cfg, seq_len: int, batch_size: int) -> float:
+    """The model flop of one train step on `batch_size` sequences of `seq_len` (round(0.15 S) masked positions, as
+    below): every contraction of the forward and, twice that, the backward (input and weight gradients): the
+    layers' GEMMs, attention's scores and context (4 B S^2 D per layer forward), the MLM transform and tied decoder
+    at the masked positions (padded V), the pooler and NSP. Counted by jaxformer.plan.workload.step_gemms for one
+    device without remat, so neither a recomputed forward nor a pipeline's filler ticks count (model flop, not
+    hardware flop); on one device it matches the compiled step's HLO contraction flop under `--kernels xla`
+    (tests/test_benchmarks.py), where the Pallas attention kernels hide theirs from the HLO."""
+    return sum(g.flop for g in step_gemms(Workload(cfg, seq_len, batch_size), Strategy()))
+
+
+def flop_rates(flop: float, step_s: float, devices: int, device_kind: str, gemm: dict | None) -> dict:
+    """tflops, mfu against the datasheet bf16 dense peak of `devices` GPUs of `device_kind` (None without a profile:
+    the CPU, an unknown GPU, PCIe/NVL parts whose peak differs), mfu_measured against `gemm`'s measured rate."""
+    tflops = flop / step_s / 1e12
+    key = gpu_key(device_kind)
+    if any(w in device_kind.lower() for w in ("pcie", "nvl")):
+        key = None
+    peak = PROFILES[key].bf16_tflops if key else None
+    gemm_tflops = gemm["flop_per_s"] / 1e12 if gemm else None
+    return dict(model_tflop_per_step=flop / 1e12, flops_source="model (jaxformer.plan.workload.step_gemms)",
+                tflops=tflops, peak_tflops=peak, mfu=tflops / (peak * devices) if peak else None,
+                gemm_tflops=gemm_tflops, gemm_shape=[gemm[d] for d in "mkn"] if gemm else None,
+                mfu_measured=tflops / (gemm_tflops * devices) if gemm_tflops else None)
+
+
+def parse_gemm(text: str) -> tuple[int, int, int] | None:
+    """`--gemm`: "M,K,N" -> (M, K, N); "none" -> None."""
+    if text.lower() == "none":
+        return None
+    try:
+        m, k, n = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gemm {text!r}: want M,K,N (e.g. 8192,1024,4096) or none") from None
+    if min(m, k, n) < 1:
+        raise argparse.ArgumentTypeError(f"--gemm {text!r}: sizes must be positive")
+    return m, k, n
+
+
+def main(argv: list[str] | None = None, quiet: bool = False) -> dict:
+    """Run the benchmark with the command-line `argv` (default sys.argv); print (unless `quiet`) and return the
+    result (benchmarks/compare_pytorch.py calls this)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="large")
     ap.add_argument("--seq-len", type=int, default=128)
@@ -74,9 +120,12 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gemm", type=parse_gemm, default=(8192, 1024, 4096), metavar="M,K,N",
+                    help="the bf16 GEMM pair (M,K)@(K,N)@(N,K) whose measured rate mfu_measured divides by (default "
+                         "8192,1024,4096: BERT-large's feed-forward on 8192 tokens; none: skip)")
     add_flags(ap, TrainConfig, only=COMPRESSION_FLAGS)  # train.py's --grad-compression, --density, ...
     add_flags(ap, TrainConfig, only=("pack", "pack_samples"))  # packed rows (synthetic_packed_batch)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.grad_compression != "none" and not a.mesh:
         ap.error(f"--grad-compression {a.grad_compression} needs --mesh with data > 1 (e.g. --mesh data=2)")
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels,
@@ -106,9 +155,15 @@ def main():
             with open(a.dump_hlo, "w") as f:
                 f.write(hlo)
         collectives = collective_summary(hlo)
-        counts = hlo_counts(hlo) if a.record else None
+        counts = hlo_counts(hlo)
     state, m, compile_s, times = time_steps(steps.train_step, state, batches, a.steps, a.repeats, a.warmup)
     step_s = statistics.median(times)
+    gemm = measure_gemm_rate(*a.gemm) if a.gemm else None
+    n_devices = mesh.size if mesh else 1
+    rates = flop_rates(model_flop(cfg, a.seq_len, a.batch_size), step_s, n_devices, jax.devices()[0].device_kind,
+                       gemm)
+    if counts:  # the compiled step's own contraction flop (per device; x devices), beside the model's
+        rates["hlo_contraction_tflop_per_step"] = counts["classes"]["contraction"]["flop"] * n_devices / 1e12
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30 for d in jax.local_devices()]
     result = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config, seq_len=a.seq_len,
                   batch_size=a.batch_size, kernels=a.kernels, mesh=sharding.describe(mesh) if mesh else "1 device",
@@ -120,10 +175,12 @@ def main():
                   collectives=collectives,
                   ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,
                   spread_ms=[round(x * 1e3, 2) for x in times], loss=float(m["loss"]),
-                  peak_memory_gib=max(peaks), peak_memory_gib_per_device=[round(x, 2) for x in peaks])
-    print(json.dumps(result))
+                  peak_memory_gib=max(peaks), peak_memory_gib_per_device=[round(x, 2) for x in peaks], **rates)
+    if not quiet:
+        print(json.dumps(result))
     if a.record:
         record(a.record, result, counts)
+    return result
 
 
 def git_commit() -> str:
