@@ -1,7 +1,11 @@
-"""benchmarks/train_step.py's flop rates (tflops, mfu, mfu_measured), on the CPU with the tiny preset."""
+"""benchmarks/train_step.py's flop rates (tflops, mfu, mfu_measured) and a smoke run of benchmarks/compare_pytorch.py,
+on the CPU with the tiny preset."""
 
+import importlib.util
 import json
+import math
 
+import numpy as np
 import pytest
 
 from benchmarks import train_step
@@ -39,3 +43,42 @@ def test_gemm_flag():
     for bad in ("8192,1024", "a,b,c", "0,1,1"):
         with pytest.raises(Exception, match="--gemm"):
             train_step.parse_gemm(bad)
+
+
+@pytest.mark.skipif(not (importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")),
+                    reason="needs torch and transformers")
+def test_compare_pytorch_runs_both_sides_on_the_same_batches(tmp_path, capsys):
+    from benchmarks import compare_pytorch as cp
+    out = tmp_path / "compare.json"
+    argv = TINY + ["--quick", "--modes", "eager,compile-masked,jaxformer", "--kernels", "xla",
+                   "--compile-backend", "eager", "--json", str(out)]
+    result = cp.main(argv)
+    table = capsys.readouterr().out
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert list(rows) == ["eager", "compile-masked", "jaxformer"]
+    for mode, r in rows.items():
+        assert f"| {mode} |" in table
+        assert r["seq_per_s"] > 0 and r["ms_per_step"] > 0 and r["tflops"] > 0
+        assert 5 < r["loss"] < 15 and math.isfinite(r["loss"]), r  # ~ ln(V) + ln(2) at random init
+    assert rows["jaxformer"]["vs_jaxformer"] == 1.0
+    assert rows["eager"]["attention"] == "sdpa" and rows["compile-masked"]["compile_backend"] == "eager"
+
+    # Hugging Face's labels: jaxformer's masked labels at its masked positions, -100 elsewhere
+    import torch
+    from jaxformer.data import synthetic_batch
+    a = cp.parse_args(TINY)
+    b = cp.torch_batches(cp.model_config(a), a, torch.device("cpu"))[1]
+    ref = synthetic_batch(30522, 2, 16, cp.masked_positions_count(16), seed=1)
+    labels = b["labels"].numpy()
+    for i in range(2):
+        pos = ref["masked_positions"][i]
+        assert set(np.flatnonzero(labels[i] != -100)) == set(pos)
+        assert labels[i, pos[-1]] == ref["masked_labels"][i, -1]  # the last of a repeated position wins
+    assert (b["input_ids"].numpy() == ref["input_ids"]).all()
+
+
+def test_compare_pytorch_rejects_an_unknown_mode():
+    from benchmarks import compare_pytorch as cp
+    with pytest.raises(SystemExit):
+        cp.parse_args(["--modes", "eager,jit"])
