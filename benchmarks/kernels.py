@@ -5,6 +5,7 @@ forward and forward+backward.
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln --tune  # also try the registry's tunable candidates
     PYTHONPATH=. python benchmarks/kernels.py --ops bias_gelu,bdrln --impls triton,mosaic  # Triton vs Mosaic GPU
     PYTHONPATH=. python benchmarks/kernels.py --ops attention --peers  # with cuDNN (jax.nn.dot_product_attention)
+    PYTHONPATH=. python benchmarks/kernels.py --ops attention,layer_norm,mlm_loss --peers --passes fwd+bwd  # + tokamax
     PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss      # MLM cross-entropy: logits, chunks, fused kernels
     PYTHONPATH=. python benchmarks/kernels.py --ops embedding     # the embedding block: XLA vs its fused kernels
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln,bias_gelu --passes fwd+bwd --device-time 20  # device time
@@ -13,7 +14,13 @@ Rows: every implementation the registry has for the operator that runs the case 
 `--impls`: xla, triton, mosaic, mosaic_bwd, chunked; `python -m jaxformer.ops --table` lists them), the XLA
 reference always (the baseline), plus a few variants beside them (the MLM loss's chunk widths and tile shapes; the
 unfused softmax kernel) and, with `--peers`, other libraries' attention (cuDNN and XLA through
-`jax.nn.dot_product_attention`, without dropout; JAX's own Mosaic GPU flash attention, without a mask).
+`jax.nn.dot_product_attention`, without dropout; JAX's own Mosaic GPU flash attention, without a mask) and, where
+`tokamax` imports (openxla's kernel library, jax >= 0.11.1: `pip install -e ".[peers]"`, or offline the wheels in
+shared/peers: `eval "$(bash shared/peers/install.sh)"`), tokamax's attention (`tokamax-mosaic|triton|cudnn|xla`,
+with the key mask, without dropout), layer norm (`tokamax-triton|xla`) and linear + softmax cross-entropy
+(`tokamax-xla|chunked_xla-nobias`: no output bias). A peer that does not import or run here prints a skip line with
+the reason; a row whose math differs from the reference says how in its name (`-nomask`, `-nobias`) and is not
+checked against it.
 
 Timing (DESIGN.md): `n` iterations chained inside one jit (each consumes the previous one's outputs, so nothing is
 dead code, and an `optimization_barrier` between them keeps XLA from fusing one iteration into the next), for
@@ -33,6 +40,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import sys
 
@@ -127,6 +135,47 @@ class Case:
     call: object = None
 
 
+_TOKAMAX: list = []  # [module or None], imported once
+
+
+def _tokamax():
+    """The `tokamax` module, or None (a skip line with the reason, once) where it does not import."""
+    if not _TOKAMAX:
+        try:
+            import tokamax
+            _TOKAMAX.append(tokamax)
+            # it logs a warning per trace of each op it has no tuned config for (every row here): not news
+            logging.getLogger("absl").addFilter(lambda r: "Autotuning cache miss" not in r.getMessage())
+        except Exception as e:  # not installed, or not for this jax (it needs >= 0.11.1): the other rows still run
+            print(f"  skip tokamax peers: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr, flush=True)
+            _TOKAMAX.append(None)
+    return _TOKAMAX[0]
+
+
+def _tokamax_cross_entropy(tk, impl: str):
+    """(h, w, labels) -> per-row nll by `tokamax.linear_softmax_cross_entropy_loss`, its gradients cast to the
+    inputs' dtypes: tokamax 0.0.17's returns float32 gradients for bfloat16 inputs, which the transpose of the cast
+    before it rejects (an AssertionError)."""
+    def f(h, w, labels):
+        return tk.linear_softmax_cross_entropy_loss(h, labels, w, reduction="none", implementation=impl)
+
+    @jax.custom_vjp
+    def ce(h, w, labels):
+        return f(h, w, labels)
+
+    def fwd(h, w, labels):
+        y, vjp = jax.vjp(lambda h, w: f(h, w, labels), h, w)
+        return y, (vjp, jnp.zeros((0,), h.dtype), jnp.zeros((0,), w.dtype))  # empty arrays carry the dtypes
+
+    def bwd(res, ct):
+        vjp, h0, w0 = res
+        dh, dw = vjp(ct)
+        return dh.astype(h0.dtype), dw.astype(w0.dtype), None
+
+    ce.defvjp(fwd, bwd)
+    return ce
+
+
 def _registry_impls(op: str, call, entry, device) -> dict:
     """{name: fn(*args, blocks=None)} of the implementations of `op` that run `call` on `device` (the XLA reference
     always; a rule's "measured slower" does not stop one): `entry(impl, blocks)` is the operator with them."""
@@ -151,6 +200,7 @@ def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
     seed = seed_from_key(key[7])
     item = jnp.dtype(dtype).itemsize
     name = jnp.dtype(dtype).name
+    tk = _tokamax() if peers and {"attention", "layer_norm", "mlm_loss"} & set(ops) else None
     out = []
     if "bdrln" in ops:
         for rows, d in [(8192 // scale, 768), (8192 // scale, 1024), (32768 // scale, 1024)]:
@@ -210,6 +260,10 @@ def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
                             lambda q, k, v, impl=impl, ln=lengths, s_=s_: jax.nn.dot_product_attention(
                                 q, k, v, query_seq_lengths=jnp.full_like(ln, s_), key_value_seq_lengths=ln,
                                 implementation=impl))
+                    for impl in ("mosaic", "triton", "cudnn", "xla") if tk else ():  # same layout (B S N H)
+                        impls[f"tokamax-{impl}"] = (
+                            lambda q, k, v, impl=impl, ln=lengths: tk.dot_product_attention(
+                                q, k, v, key_value_seq_lengths=ln, implementation=impl))
                 out.append(Case("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
                                 12 * size, "attention", call))
             if peers and device.hopper:
@@ -249,7 +303,24 @@ def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
             if "triton" in impls:
                 for variant, bl in MLM_VARIANTS.items():
                     impls[variant] = chained(lambda *a, bl=bl: mlm_loss.mlm_cross_entropy_fused(*a, blocks=bl))
+            for impl in ("xla", "chunked_xla") if tk else ():  # no output bias; weights (D, V); per-row nll
+                impls[f"tokamax-{impl}-nobias"] = chained(
+                    lambda h, e, b, lab, ce=_tokamax_cross_entropy(tk, impl): (ce(h, e.astype(h.dtype).T, lab),))
             out.append(Case("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3))
+    if "layer_norm" in ops:
+        # The plain layernorm (the MLM head's; float32 statistics), beside tokamax's with --peers. Bytes: fwd reads x,
+        # writes y; bwd reads x and dy, writes dx.
+        for rows, d in [(8192 // scale, 768), (8192 // scale, 1024), (32768 // scale, 1024)]:
+            x = jax.random.normal(key[0], (rows, d), dtype)
+            ln_scale, shift = 1 + 0.1 * jax.random.normal(key[4], (d,)), 0.1 * jax.random.normal(key[5], (d,))
+            call = bdrln.call_of(x, None, None, 0.0, rows)
+            impls = _registry_impls("layer_norm", call, lambda impl, blocks: (
+                lambda *a: bdrln.layer_norm(*a, eps=1e-12, impl=impl, blocks=blocks)), device)
+            for impl in ("triton", "xla") if tk else ():
+                impls[f"tokamax-{impl}"] = lambda x, s, b, impl=impl: tk.layer_norm(x, s, b, epsilon=1e-12,
+                                                                                    implementation=impl)
+            out.append(Case("layer_norm", f"{rows}x{d}", impls, (x, ln_scale, shift), 3, 2 * rows * d * item,
+                            5 * rows * d * item, "layer_norm", call))
     if "embedding" in ops:
         # The embedding block (word/position/type gathers, sum, LN, dropout 0.1; once per step) at BERT-large's
         # tables: the reference (XLA's gathers and fusion) and the fused kernels (tables gathered inside them); the
@@ -346,7 +417,8 @@ def profile_kernels(step, args, calls, top, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,embedding,layer")
+    ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,embedding,layer",
+                    help="of bdrln, bias_gelu, softmax, attention, mlm_loss, layer_norm, embedding, layer")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--only", default="", help="run only the shapes whose label contains this text")
     ap.add_argument("--passes", default="fwd,fwd+bwd", help="which passes to time")
@@ -356,7 +428,8 @@ def main():
                     "e.g. triton,mosaic, or variants such as chunked-4096; xla always runs, as the baseline); "
                     "default: all")
     ap.add_argument("--peers", action="store_true", help="also time other libraries' attention (cuDNN and XLA "
-                    "through jax.nn.dot_product_attention, JAX's Mosaic GPU flash attention)")
+                    "through jax.nn.dot_product_attention, JAX's Mosaic GPU flash attention) and, where tokamax "
+                    "imports, tokamax's attention, layer norm and MLM loss")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--scale", type=int, default=1, help="divide the batch sizes (a quick smoke run on the CPU)")
     ap.add_argument("--profile", type=int, default=0, metavar="CALLS",
@@ -410,7 +483,8 @@ def main():
                 for blk in [None] + tuned:
                     fn = (lambda *x, blk=blk, fn0=fn0: fn0(*x, blocks=blk)) if blk else fn0
                     try:
-                        if impl != "xla" and not impl.startswith("jax"):  # peers differ in mask and dropout
+                        if impl != "xla" and not impl.startswith("jax") and not impl.endswith(("-nomask", "-nobias")):
+                            # (jax.nn's and JAX's Mosaic GPU peers differ in mask and dropout)
                             err = check_against(fn, impls["xla"], args, n_in, name)
                             if not err < 2e-2:
                                 raise AssertionError(f"relative error {err:.2e} against the XLA reference")
@@ -418,7 +492,9 @@ def main():
                         t = (device_time(step_for(fn), args, a.device_time) if a.device_time else
                              per_iteration(step_for(fn), args, a.repeats, lengths=(1, 4) if op == "layer" else None))
                     except Exception as e:  # a candidate that does not compile is reported and skipped
-                        print(f"  skip {impl} {blk}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+                        why = "; ".join(f"{type(x).__name__}: {x}" for x in e.exceptions) \
+                            if isinstance(e, BaseExceptionGroup) else str(e)  # tokamax: one per implementation
+                        print(f"  skip {impl} {blk}: {type(e).__name__}: {why[:300]}", file=sys.stderr)
                         continue
                     if tuned:  # every candidate's time, under the row that reports the best
                         print(f"  candidate {impl} {name} {blk or 'default'}: {t * 1e6:.1f} us", flush=True)
