@@ -9,8 +9,15 @@ Times `--steps` back-to-back steps after `--warmup` (the steps chain through the
 never waits for the host), repeated `--repeats` times; prints the median seq/s, ms/step and peak device memory
 (per device, the largest), and the model's flop rate: `tflops` (the step's contractions counted from the model,
 `model_flop`, per second), `mfu` (of the GPUs' datasheet bf16 dense peak, jaxformer.plan.hardware; null on a device
-without a profile, the CPU included) and `mfu_measured` (of `--gemm`'s bf16 GEMM rate measured in the same process). `--batch-size` is global; with `--mesh` the step runs on that mesh of all devices
-(train.py's `--mesh/--microbatches/--pipeline-repeats`), without it on the default device, unsharded.
+without a profile, the CPU included) and `mfu_measured` (of `--gemm`'s bf16 GEMM rate measured in the same
+process). `--batch-size` is global (rows); with `--mesh` the step runs on that mesh of all devices (train.py's
+`--mesh/--microbatches/--pipeline-repeats`), without it on the default device, unsharded.
+
+Packed rows: `--pack` packs BERT-like sample lengths (`--lengths bert` unpacked: the same lengths one sample a row);
+`tokens_per_s` counts real (non-padding) tokens, `samples_per_s` samples, `fill` the real share of the rows:
+
+    PYTHONPATH=. python benchmarks/train_step.py --config large --kernels pallas --seq-len 512 --batch-size 16 \
+        --lengths bert        # then the same with --pack
 
 `--record [FILE]` also appends the result as one JSON line to FILE (default benchmarks/results/runs.jsonl) with the
 date, the git commit and the compiled step's HLO counts (class flop/bytes and collective bytes, jaxformer.hlo_analysis)
@@ -125,6 +132,10 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict:
                          "8192,1024,4096: BERT-large's feed-forward on 8192 tokens; none: skip)")
     add_flags(ap, TrainConfig, only=COMPRESSION_FLAGS)  # train.py's --grad-compression, --density, ...
     add_flags(ap, TrainConfig, only=("pack", "pack_samples"))  # packed rows (synthetic_packed_batch)
+    ap.add_argument("--lengths", choices=("full", "bert"), default=None,
+                    help="sample lengths of the synthetic rows: full (every row all real tokens; the default "
+                         "unpacked) or bert (BERT-like lengths, data.synthetic_packed_batch's; the default with "
+                         "--pack): one sample a row without --pack, so tokens_per_s compares with packing")
     a = ap.parse_args(argv)
     if a.grad_compression != "none" and not a.mesh:
         ap.error(f"--grad-compression {a.grad_compression} needs --mesh with data > 1 (e.g. --mesh data=2)")
@@ -143,11 +154,23 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict:
     del model
     p = max(1, round(0.15 * a.seq_len))
 
+    lengths = a.lengths or ("bert" if tc.pack else "full")
+    if tc.pack and lengths != "bert":
+        ap.error("--pack packs BERT-like sample lengths (--lengths bert)")
+
     def batch(seed):  # packed: BERT-like sample lengths packed up to tc.packing a row, masked per sample
         if tc.pack:
             return synthetic_packed_batch(cfg.vocab_size, a.batch_size, a.seq_len, tc.packing, seed=seed)
+        if lengths == "bert":  # the same lengths one sample a row, in the unpacked batch's keys
+            b = synthetic_packed_batch(cfg.vocab_size, a.batch_size, a.seq_len, 1, seed=seed)
+            return {k: v[:, 0] if k == "nsp_labels" else v for k, v in b.items()
+                    if k not in ("segment_ids", "position_ids", "nsp_positions", "nsp_weights")}
         return synthetic_batch(cfg.vocab_size, a.batch_size, a.seq_len, p, seed)
-    batches = [steps.place_batch(batch(seed)) for seed in range(4)]
+    host = [batch(seed) for seed in range(4)]
+    batches = [steps.place_batch(b) for b in host]
+    # real (non-padding) tokens and samples per step, averaged over the batches the steps cycle through
+    real_tokens = statistics.mean(float(b["attention_mask"].sum()) for b in host)
+    samples = statistics.mean(float(b["nsp_weights"].sum()) if "nsp_weights" in b else a.batch_size for b in host)
     collectives = counts = None
     if a.dump_hlo or a.record:
         hlo = steps.train_step.compile(state, batches[0]).as_text()
@@ -173,7 +196,10 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict:
                   **({f: getattr(a, f) for f in COMPRESSION_FLAGS} if a.grad_compression != "none" else {}),
                   opt_level=steps.optimization_level(), compiler_options=steps.compiler_options(),
                   collectives=collectives,
-                  ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, compile_s=compile_s,
+                  pack=tc.pack, samples_per_row=tc.packing if tc.pack else 1, lengths=lengths,
+                  ms_per_step=step_s * 1e3, seq_per_s=a.batch_size / step_s, samples_per_s=samples / step_s,
+                  tokens_per_s=real_tokens / step_s, fill=real_tokens / (a.batch_size * a.seq_len),
+                  compile_s=compile_s,
                   spread_ms=[round(x * 1e3, 2) for x in times], loss=float(m["loss"]),
                   peak_memory_gib=max(peaks), peak_memory_gib_per_device=[round(x, 2) for x in peaks], **rates)
     if not quiet:
