@@ -266,6 +266,18 @@ def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
                                 q, k, v, key_value_seq_lengths=ln, implementation=impl))
                 out.append(Case("attention", f"B{b} N{n} S{s_} H64 p={rate}", impls, (q, k, v), 3, 4 * size,
                                 12 * size, "attention", call))
+            # Packed rows (train.py --pack): segment ids of BERT-like samples packed as the data preparation packs
+            # them; each sample attends only to itself and the kernels visit only the tiles its samples span.
+            from jaxformer.data import synthetic_packed_batch
+            segs = jnp.asarray(synthetic_packed_batch(30522, b, s_, max(1, s_ // 16), seed=1)["segment_ids"])
+            fill = float(jnp.mean(segs > 0))
+            for rate in (0.1, 0.0):
+                call = attention_impls.Call(b, s_, s_, n, 64, name, rate, segments=True)
+                impls = _registry_impls("attention", call, lambda impl, blocks, m=segs, rate=rate: (
+                    lambda q, k, v: flash_attention(q, k, v, m, seed=seed, rate=rate, impl=impl, blocks=blocks,
+                                                    segments=True)), device)
+                out.append(Case("attention", f"B{b} N{n} S{s_} H64 p={rate} packed (fill {fill:.0%})", impls,
+                                (q, k, v), 3, 4 * size, 12 * size, "attention", call))
             if peers and device.hopper:
                 # JAX's own Mosaic GPU flash attention (jax.experimental.pallas.ops.gpu.attention_mgpu, Hopper+): no
                 # key mask, no dropout, so only a speed bound. Its scratch buffers are float16 (jax 0.11.2), so this
