@@ -28,6 +28,15 @@ def pack_ok(value, seq_len: int, allow_zero: bool = False) -> bool:
         (allow_zero and value == 0) or 1 <= value <= seq_len // 5)
 
 
+def default_max_predictions(seq_len: int, mask_prob: float, pack: int = 0) -> int:
+    """Masked positions per row when none are given: mask_prob of seq_len, or for rows packed with up to `pack`
+    samples enough for every sample of a row (``packing.max_predictions``)."""
+    if pack:
+        from .packing import max_predictions
+        return max_predictions(seq_len, mask_prob, pack)
+    return min(seq_len - 3, math.ceil(mask_prob * seq_len))
+
+
 def max_predictions_ok(value, seq_len: int) -> bool:
     """None (the default: mask_prob of seq_len) or an integer in [1, seq_len - 3]: [CLS] and two [SEP] are never
     masked. DataConfig's rule; TrainConfig checks it too, before any data work."""
@@ -74,12 +83,7 @@ class DataConfig:
     def max_predictions(self) -> int:
         """Masked positions per row: given, or mask_prob of seq_len (packed: enough for every sample of a row,
         ``packing.max_predictions``)."""
-        if self.max_predictions_per_seq:
-            return self.max_predictions_per_seq
-        if self.pack:
-            from .packing import max_predictions
-            return max_predictions(self.seq_len, self.mask_prob, self.pack)
-        return min(self.seq_len - 3, math.ceil(self.mask_prob * self.seq_len))
+        return self.max_predictions_per_seq or default_max_predictions(self.seq_len, self.mask_prob, self.pack)
 
 
 # ----------------------------------------------------------------------------- prefetching

@@ -68,15 +68,14 @@ def attention(qkv: Annotated, mask, *, ops, pallas: bool, layouts: LayoutConfig,
     attention on the packed qkv (BSCNH in, BSNH out) between transposes where the layouts differ. `qkv_bias` (CNH,
     pallas only): the projection's bias, which the flash kernels apply. `segments`: `mask` is the int32 segment ids
     (B, S) of packed rows, not a key mask."""
-    packed = {"segments": True} if segments else {}  # unpacked: the operators' calls as they were
     if pallas:
-        ctx = ops.attention_qkv(relayout(qkv, FLASH_QKV).array, mask, bias=qkv_bias, seed=seed, rate=rate, **packed)
+        ctx = ops.attention_qkv(relayout(qkv, FLASH_QKV).array, mask, bias=qkv_bias, seed=seed, rate=rate, segments=segments)
         return relayout(annotate(ctx, FLASH_CTX), layouts.ctx)
     if qkv_bias is not None:
         raise ValueError("qkv_bias is applied inside flash attention only (pallas); add it in qkv_projection")
     q, k, v = split_qkv(qkv)
     ctx = ops.attention(q.array, k.array, v.array, mask, seed=seed, rate=rate, qkv_layout=q.layout,
-                        scores_layout=layouts.scores, ctx_layout=layouts.ctx, **packed)
+                        scores_layout=layouts.scores, ctx_layout=layouts.ctx, segments=segments)
     return annotate(ctx, layouts.ctx)
 
 

@@ -14,7 +14,6 @@ continues exactly there, whatever the number of processes, blocks or workers of 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,8 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .corpus import DataError
+from .data import default_max_predictions
 from .examples import EVAL_EPOCH, hash64, masked_batch
-from .packing import masked_packed_batch, max_predictions as packed_max_predictions
+from .packing import masked_packed_batch
 from .prepared import PreparedSet
 
 STATE_FORMAT = "jaxformer-loader-state"
@@ -39,9 +39,7 @@ def _max_predictions(data: PreparedSet, mask_prob: float, max_predictions: int |
     if not (isinstance(mask_prob, (int, float)) and 0 < mask_prob < 1):
         raise DataError(f"mask_prob={mask_prob!r} must be in (0, 1)")
     if max_predictions is None:
-        if data.packing:
-            return packed_max_predictions(data.seq_len, mask_prob, data.packing)
-        return min(data.seq_len - 3, math.ceil(mask_prob * data.seq_len))
+        return default_max_predictions(data.seq_len, mask_prob, data.packing)
     if not isinstance(max_predictions, int) or not 1 <= max_predictions <= data.seq_len - 3:
         raise DataError(f"max_predictions={max_predictions!r} must be an integer in [1, seq_len - 3 = "
                         f"{data.seq_len - 3}]")

@@ -44,9 +44,7 @@ def n_samples(batch):
 def nsp_sums(nsp_nll, nsp_hit, batch):
     """The NSP nll and hits summed over the samples of `batch` (every row, or the real samples of packed rows:
     `nsp_weights`), and their count."""
-    if "nsp_weights" not in batch:
-        return jnp.sum(nsp_nll), jnp.sum(nsp_hit), n_samples(batch)
-    w = batch["nsp_weights"]
+    w = batch.get("nsp_weights", 1.0)
     return jnp.sum(nsp_nll * w), jnp.sum(nsp_hit * w), n_samples(batch)
 
 

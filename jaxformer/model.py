@@ -52,14 +52,11 @@ class Embeddings(nnx.Module):
         s = input_ids.shape[1]
         # The word (VD) and token-type (_D) rows are gathered inside the operator (a fused kernel under pallas), and
         # with position_ids the position rows too.
-        position, packed = self.position[:s], {}
-        if position_ids is not None:
-            position, packed = self.position[...], {"position_ids": position_ids}
+        position = self.position[:s] if position_ids is None else self.position[...]
         return constrain(ops.select(cfg.kernels).embedding_layernorm(
             input_ids, token_type_ids, self.word[...], position, self.token_type[...],
-            self.layer_norm.scale[...], self.layer_norm.bias[...],
-            seed=seed, rate=rate, eps=cfg.layer_norm_eps, dtype=cfg.compute_dtype, **packed), "BSD",
-            between_blocks=True)
+            self.layer_norm.scale[...], self.layer_norm.bias[...], seed=seed, rate=rate, eps=cfg.layer_norm_eps,
+            dtype=cfg.compute_dtype, position_ids=position_ids), "BSD", between_blocks=True)
 
 
 _REMAT_POLICIES = {

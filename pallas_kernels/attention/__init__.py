@@ -228,11 +228,6 @@ def _add_bias(qkv, bias):
     return (qkv.reshape(b * s, c * n * h) + bias.astype(qkv.dtype).reshape(c * n * h)).reshape(qkv.shape)
 
 
-def _segments(segments: bool) -> dict:
-    """The kernels' `segments` keyword, only when set (the Mosaic GPU passes take none)."""
-    return {"segments": True} if segments else {}
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
 def _flash_qkv(qkv, code, seed, rate, interpret, impl, blocks, heads, segments):
     return _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, segments)[0]
@@ -240,14 +235,14 @@ def _flash_qkv(qkv, code, seed, rate, interpret, impl, blocks, heads, segments):
 
 def _flash_qkv_fwd(qkv, code, seed, rate, interpret, impl, blocks, heads, segments, bias=None):
     out, lse = impl.forward(qkv, qkv, qkv, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
-                            packed=True, bias=bias, **_segments(segments))
+                            packed=True, bias=bias, segments=segments)
     return out, (qkv, code, seed, out, lse)
 
 
 def _flash_qkv_bwd(rate, interpret, impl, blocks, heads, segments, res, do):
     qkv, code, seed, out, lse = res
     dqkv = impl.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                         heads=heads, packed=True, **_segments(segments))
+                         heads=heads, packed=True, segments=segments)
     return dqkv, None, None
 
 
@@ -270,7 +265,7 @@ def _flash_qkv_bias_bwd(rate, interpret, impl, blocks, heads, segments, res, do)
     (qkv, code, seed, out, lse), bias = res
     dqkv, dbias = impl.backward(qkv, qkv, qkv, code, seed, out, lse, do, rate=rate, blocks=blocks,
                                 interpret=interpret, heads=heads, packed=True,
-                                bias=bias if blocks.fold_bias else None, bias_grad=True, **_segments(segments))
+                                bias=bias if blocks.fold_bias else None, bias_grad=True, segments=segments)
     return dqkv, dbias.astype(bias.dtype), None, None
 
 
@@ -281,13 +276,13 @@ _flash_qkv_bias.defvjp(_flash_qkv_bias_fwd, _flash_qkv_bias_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
 def _flash(q, k, v, code, seed, rate, interpret, impl, blocks, heads, segments):
     out, _ = impl.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
-                          **_segments(segments))
+                          segments=segments)
     return out
 
 
 def _flash_fwd(q, k, v, code, seed, rate, interpret, impl, blocks, heads, segments):
     out, lse = impl.forward(q, k, v, code, seed, rate=rate, blocks=blocks, interpret=interpret, heads=heads,
-                            **_segments(segments))
+                            segments=segments)
     # Residuals: the inputs (views, no copies), the output and the fp32 logsumexp; the dropout mask is regenerated.
     return out, (q, k, v, code, seed, out, lse)
 
@@ -295,7 +290,7 @@ def _flash_fwd(q, k, v, code, seed, rate, interpret, impl, blocks, heads, segmen
 def _flash_bwd(rate, interpret, impl, blocks, heads, segments, res, do):
     q, k, v, code, seed, out, lse = res
     dq, dk, dv = impl.backward(q, k, v, code, seed, out, lse, do, rate=rate, blocks=blocks, interpret=interpret,
-                               heads=heads, **_segments(segments))
+                               heads=heads, segments=segments)
     return dq, dk, dv, None, None  # the int mask code and the uint32 seed words have no cotangent
 
 

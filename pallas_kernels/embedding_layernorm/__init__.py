@@ -54,8 +54,7 @@ def embedding_layernorm(input_ids, token_type_ids, word, position, token_type, s
     choice = registry.choose("embedding_layernorm", call, impl=impl, blocks=blocks, interpret=interpret)
     if not choice.impl.kernel:
         return choice.impl.fn(input_ids, token_type_ids, word, position, token_type, scale, ln_bias, seed=seed,
-                              rate=rate, eps=eps, dtype=dtype,
-                              **({} if position_ids is None else {"position_ids": position_ids}))
+                              rate=rate, eps=eps, dtype=dtype, position_ids=position_ids)
     seed = jnp.zeros((2,), jnp.uint32) if seed is None else jnp.asarray(seed, jnp.uint32)
     ids, types = input_ids.astype(jnp.int32), token_type_ids.astype(jnp.int32)
     return _op(ids, types, word, position, token_type, scale, ln_bias, seed, float(rate), float(eps),
