@@ -270,6 +270,7 @@ COMPRESSION_FIELDS = {"density": "density", "compression_selection": "selection"
                       "compression_warmup_steps": "warmup_steps", "compression_min_size": "min_size"}
 COMPRESSION_FLAGS = ("grad_compression", *COMPRESSION_FIELDS)  # the fields the tools that build a step share
 DEFAULT_VOCAB_SIZE = 4096  # of a tokenizer trained on the corpus
+DEFAULT_COMPILE_CACHE = "~/.cache/jaxformer/xla"  # TrainConfig.compile_cache when $JAX_COMPILATION_CACHE_DIR is unset
 # jax.random.key takes 32 bits without x64 (2**32 would alias seed 0) and the dropout stream uses seed + 1.
 MAX_SEED = 2**31 - 1
 
@@ -357,6 +358,10 @@ class TrainConfig:
                                                  "<out>/profile", type=parse_span, metavar="A:B",
                                                  on_resume="launch")
     dump_hlo: bool = flag(False, "run", "write the optimized HLO of the train step to <out>", on_resume="launch")
+    compile_cache: str | None = flag(None, "run", "keep compiled programs in DIR (JAX's persistent compilation "
+                                     "cache: a resumed or repeated run skips most of its compile); 'none': off; "
+                                     f"default $JAX_COMPILATION_CACHE_DIR, else {DEFAULT_COMPILE_CACHE}",
+                                     metavar="DIR", on_resume="launch")
 
     # -- mesh and distributed
     mesh: str = flag("data=-1", "mesh", "device mesh, e.g. data=2,tensor=4: axes data, fsdp (ZeRO-3), tensor "
@@ -438,6 +443,8 @@ class TrainConfig:
             _require_positive_ints(self, ("vocab_size",))
         if isinstance(self.data_workers, bool) or not isinstance(self.data_workers, int) or self.data_workers < 0:
             raise ValueError(f"data_workers={self.data_workers!r} must be an integer >= 0")
+        if self.compile_cache is not None and (not isinstance(self.compile_cache, str) or not self.compile_cache):
+            raise ValueError(f"compile_cache={self.compile_cache!r} must be a directory or 'none'")
         if self.warmup_steps is None:
             object.__setattr__(self, "warmup_steps", self.steps // 10)
         if isinstance(self.warmup_steps, bool) or not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps):

@@ -130,7 +130,7 @@ class Steps:
     def __init__(self, model: BertForPreTraining, tx: optax.GradientTransformation, tc: TrainConfig, mesh=None):
         # The structure (graphdef) and the non-parameter state (rest) are static; the parameters live in TrainState.
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-        self.tx, self.tc, self.mesh = tx, tc, mesh
+        self.tx, self.tc, self.mesh, self.config = tx, tc, mesh, model.config
         self.compute_dtype = jnp.dtype(model.config.compute_dtype)
         self.schedule = learning_rate_schedule(tc)
         # The encoder's schedule: stages = the mesh's `pipeline` axis, microbatches and repeats from the flags
@@ -224,6 +224,23 @@ class Steps:
         global_shapes = jax.tree.map(lambda x: (x.shape[0] * k,) + x.shape[1:], local_batch)
         return jax.make_array_from_process_local_data(self.batch_sharding, local_batch, global_shapes)
 
+    def initial_state(self, seed: int) -> TrainState:
+        """Step 0 of `seed` (the parameters of `build_model(config, seed)`, a fresh optimizer state), computed by one
+        jitted program straight into the state's shardings: no copy on one device first, no eager dispatches."""
+        return jax.jit(lambda: self._initial_state(seed), out_shardings=self.state_shardings)()
+
+    def abstract_state(self, seed: int = 0) -> TrainState:
+        """The shapes, dtypes and shardings of `initial_state` (jax.ShapeDtypeStruct), nothing computed: the
+        target a checkpoint restores into."""
+        shapes = jax.eval_shape(lambda: self._initial_state(seed))
+        if self.state_shardings is None:
+            return shapes
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                            self.state_shardings)
+
+    def _initial_state(self, seed: int) -> TrainState:
+        return self.init_state(_new_model(self.config, seed), seed)
+
     def init_state(self, model: BertForPreTraining, seed: int) -> TrainState:
         """Step 0 with `model`'s parameters, a fresh optimizer state and the dropout key of `seed`."""
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
@@ -296,6 +313,17 @@ def host_metrics(m: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def build_model(cfg: BertConfig, seed: int) -> BertForPreTraining:
-    # Build under jit: one compile instead of hundreds of small eager dispatches.
-    return nnx.jit(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1)))()
+def _new_model(cfg: BertConfig, seed: int) -> BertForPreTraining:
+    return BertForPreTraining(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+
+
+def build_model(cfg: BertConfig, seed: int, abstract: bool = False) -> BertForPreTraining:
+    """BertForPreTraining with the parameters of `seed`, built under jit (one compile instead of hundreds of small
+    eager dispatches). `abstract`: the parameters as shapes only (jax.ShapeDtypeStruct), none computed: what
+    `Steps` needs, whose `initial_state` then computes them straight into their shardings."""
+    if not abstract:
+        return nnx.jit(lambda: _new_model(cfg, seed))()
+    graphdef, params, _ = nnx.split(nnx.eval_shape(lambda: _new_model(cfg, seed)), nnx.Param, ...)
+    # The other state (the dropout stream) as values; XLA drops the parameters' initialisation as dead code.
+    rest = jax.jit(lambda: nnx.split(_new_model(cfg, seed), nnx.Param, ...)[2])()
+    return nnx.merge(graphdef, params, rest)

@@ -27,7 +27,7 @@ import jax
 
 from . import distributed, loop, run, run_data, sharding
 from .compression import make_steps
-from .config import DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
+from .config import DEFAULT_COMPILE_CACHE, DEFAULT_VOCAB_SIZE, BertConfig, MeshConfig, TrainConfig
 from .loop import Interrupted, TrainingStopped
 from .outputs import CheckpointError, Checkpointer, truncate_metrics
 from .prepared import PreparedSet
@@ -48,6 +48,7 @@ def train(tc: TrainConfig, log: Callable = print, started: float | None = None) 
     plots, run.json and the tokenizer, and orbax writes each checkpoint once."""
     started = time.perf_counter() if started is None else started
     interrupts = loop.Interrupts()
+    use_compile_cache(tc.compile_cache)
     try:
         # Join the other processes first: the mesh check below already asks JAX for its (global) device count.
         distributed.initialize(distributed.resolve(tc.coordinator, tc.num_processes, tc.process_id))
@@ -68,6 +69,23 @@ def train(tc: TrainConfig, log: Callable = print, started: float | None = None) 
             raise
     finally:
         interrupts.restore()
+
+
+def use_compile_cache(setting: str | None) -> Path | None:
+    """Turn on JAX's persistent compilation cache in `setting` (TrainConfig.compile_cache; None: the directory
+    already configured, $JAX_COMPILATION_CACHE_DIR, else DEFAULT_COMPILE_CACHE; "none": off). Programs that took
+    more than JAX's threshold (1 s) to compile are stored, so a run started again with the same model, mesh and
+    flags loads its train step instead of compiling it. Returns the directory in use (None: off)."""
+    from jax.experimental.compilation_cache import compilation_cache
+    before = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)
+    path = None if setting == "none" else \
+        Path(setting or jax.config.jax_compilation_cache_dir or DEFAULT_COMPILE_CACHE).expanduser()
+    jax.config.update("jax_enable_compilation_cache", path is not None)
+    if path is not None:
+        jax.config.update("jax_compilation_cache_dir", str(path))
+    if before != (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir):
+        compilation_cache.reset_cache()  # JAX decides once per process whether and where to cache: again
+    return path
 
 
 def _check_mesh(tc: TrainConfig, cfg: BertConfig) -> MeshConfig:
@@ -145,15 +163,15 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
     learning-rate schedule's (jaxformer/run.py; default one piece of `tc.steps`)."""
     pieces = pieces or [[0, tc.steps]]
     mesh = sharding.make_mesh(mesh_cfg)
-    model = build_model(cfg, tc.seed)
+    model = build_model(cfg, tc.seed, abstract=True)  # shapes: the state is computed (or restored) in place below
     scheduled = dataclasses.replace(tc, steps=pieces[0][1])  # the schedule's total, whatever --steps stops at
     steps = make_steps(model, run.optimizer(scheduled, pieces), scheduled, mesh)  # compressed: jaxformer/compression
     if len(pieces) > 1:
         steps.schedule = run.schedule(scheduled, pieces)  # the rate the metrics report
-    state = steps.place(steps.init_state(model, tc.seed))  # the model's arrays now live (sharded) in `state`
-    start = 0
-    if ckpt is not None:
-        start, state = ckpt.restore_newest(state, log)
+    if ckpt is None:
+        start, state = 0, steps.initial_state(tc.seed)
+    else:
+        start, state = ckpt.restore_newest(steps.abstract_state(tc.seed), log)
         log(f"resumed from {ckpt.directory / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, "

@@ -1,11 +1,14 @@
 """Test set-up: 8 virtual CPU devices (so sharding and pipelines are testable here) and the `gpu` marker."""
 
 import os
+import tempfile
 
 # Must happen before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", "")
 # Kernels use their default block sizes in tests, never a user's autotune cache (tests/test_autotune.py sets its own).
 os.environ.setdefault("JAXFORMER_AUTOTUNE", "off")
+# Compiled programs go to a cache of this process's own (and its train.py subprocesses'), never the user's.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxformer-test-xla-")
 import jax  # noqa: E402
 
 try:

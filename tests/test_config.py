@@ -156,6 +156,7 @@ def test_docs_cli_md_is_the_generated_table():
     (dict(mesh="data=2,model=2"), "'model'"),
     (dict(config="huge"), "name='huge'"),
     (dict(dtype="int8"), "dtype='int8'"),
+    (dict(compile_cache=""), "compile_cache=''"),
 ])
 def test_train_config_names_field_and_value(kwargs, needle):
     from jaxformer.config import TrainConfig

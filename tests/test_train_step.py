@@ -1,11 +1,16 @@
 """The train step differentiates with respect to a compute-dtype copy of the encoder's stacked weights: the same
-gradients, bit for bit on one device, with the weight tensors (not the 1-D parameters) in bf16."""
+gradients, bit for bit on one device, with the weight tensors (not the 1-D parameters) in bf16. The initial state
+computed in its shardings equals the one built on one device and placed."""
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
 
+from jaxformer import sharding
 from jaxformer.config import BertConfig, TrainConfig
 from jaxformer.data import synthetic_batch
 from jaxformer.losses import pretraining_losses
@@ -85,3 +90,23 @@ def test_the_step_compiles_at_its_optimization_level(monkeypatch):
         seen.clear()
         steps.train_step(state, batch) if how == "call" else steps.train_step.compile(state, batch)
         assert seen and set(seen) == {"O1"}, (how, seen)
+
+
+@pytest.mark.parametrize("mesh", ["data=8", "data=2,fsdp=2,tensor=2"])
+def test_initial_state_in_its_shardings_equals_the_placed_one(mesh):
+    tc = dataclasses.replace(TC, mesh=mesh)
+    mesh = sharding.make_mesh(sharding.validate(tc.mesh, CFG, tc))
+    model = build_model(CFG, 5)
+    placed = Steps(model, make_optimizer(tc), tc, mesh)
+    placed = placed.place(placed.init_state(model, 5))
+    abstract_model = build_model(CFG, 5, abstract=True)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
+    steps = Steps(abstract_model, make_optimizer(tc), tc, mesh)
+    state, abstract = steps.initial_state(5), steps.abstract_state(5)
+    for a, b, c in zip(jax.tree.leaves(placed), jax.tree.leaves(state), jax.tree.leaves(abstract)):
+        assert a.sharding == b.sharding == c.sharding and a.shape == b.shape == c.shape and a.dtype == b.dtype
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(state.params["pooler"]["kernel"]),
+                              np.asarray(Steps(build_model(CFG, 6, abstract=True), make_optimizer(tc), tc,
+                                               mesh).initial_state(6).params["pooler"]["kernel"]))
+

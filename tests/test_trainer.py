@@ -233,3 +233,32 @@ def test_output_dir_without_out(tmp_path, monkeypatch):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "run.json").write_text("{}")
     assert run.resume_dir(None) == Path("runs/20240102-000000")
+
+
+def test_compile_cache_keeps_the_compiled_step_and_none_turns_it_off(corpus, tmp_path):
+    from jax._src import compilation_cache
+    from jaxformer.trainer import use_compile_cache
+    before = jax.config.jax_compilation_cache_dir
+    cache = tmp_path / "xla"
+    try:
+        assert cli.main(args(corpus, tmp_path / "run", "--steps", "3", "--compile-cache", str(cache))) == 0
+        assert jax.config.jax_compilation_cache_dir == str(cache) and len(list(cache.iterdir())) >= 2
+        assert use_compile_cache("none") is None and not jax.config.jax_enable_compilation_cache
+        assert use_compile_cache(None) == cache and jax.config.jax_enable_compilation_cache  # the one configured
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()
+
+
+def test_metrics_writer_imports_torch_only_for_tensorboard(tmp_path):
+    """Importing torch costs seconds of start-up: only where its TensorBoard writer can work."""
+    code = ("import importlib.util as u, sys; from pathlib import Path; from jaxformer.outputs import MetricsWriter; "
+            "w = MetricsWriter(Path(sys.argv[1])); print(w.tb is not None, 'torch' in sys.modules, "
+            "u.find_spec('tensorboard') is not None or u.find_spec('tensorboardX') is not None)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.split()
+    writer, torch_loaded, tensorboard = (x == "True" for x in out)
+    assert writer == tensorboard
+    if not tensorboard:
+        assert not torch_loaded

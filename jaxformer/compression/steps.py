@@ -118,7 +118,8 @@ class CompressedSteps(Steps):
                              f"alone; use kernels='xla' with compression")
         self.optimizer, self.compression = optimizer, compression
         param_state = nnx.state(model, nnx.Param)
-        self._params_shape = jax.eval_shape(lambda: nnx.to_pure_dict(param_state))
+        self._params_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                          nnx.to_pure_dict(param_state))  # the model may be abstract
         specs, stacked = sharding.param_specs(param_state, mesh), _stacked(param_state)
         self.transforms = {d: sparse_allreduce(compression, mesh, specs, stacked, density=d)
                            for _, d in compression.levels()}
