@@ -71,7 +71,7 @@ class Report:
     def classes(self) -> dict:
         """{class: {count (launches per step), flop, bytes}}, plus `time_s` (measured seconds per step) once
         `attach_times` has joined a profile."""
-        timed = any(op.time_s is not None for op in self.ops)
+        timed = self.timed
         out = {c: dict(count=0, flop=0.0, bytes=0.0, **({"time_s": 0.0} if timed else {})) for c in CLASSES}
         for op in self.ops:
             c = out[op.cls]
@@ -119,8 +119,13 @@ class Report:
                     total_flop=sum(c["flop"] for c in classes.values()), **timed,
                     top=[dataclasses.asdict(op) for op in self.top(top)], notes=self.notes)
 
+    @property
+    def timed(self) -> bool:
+        return any(op.time_s is not None for op in self.ops)
+
     def top(self, n: int) -> list[Op]:
-        return sorted(self.ops, key=lambda o: -o.bytes)[:n]
+        """The `n` operators that take the most measured time per step (by bytes without a profile)."""
+        return sorted(self.ops, key=(lambda o: -o.time_s) if self.timed else (lambda o: -o.bytes))[:n]
 
 
 # ----------------------------------------------------------------------------------------------- parsing

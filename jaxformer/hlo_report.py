@@ -131,11 +131,14 @@ def text_report(rep: Report, top: int) -> str:
     coll = {k: v for k, v in rep.collectives().items() if v["count"]}
     if coll:
         lines += ["", "collectives: " + ", ".join(f"{k} x{v['count']} {_fmt(v['bytes'])}B" for k, v in coll.items())]
-    lines += ["", f"top {top} operators by bytes (loop bodies: bytes and flop summed over all trips)",
-              f"{'name':<40}{'class':<14}{'bytes':>10}{'flop':>10}{'trips':>6}  shape"]
+    timed = rep.timed
+    lines += ["", f"top {top} operators by {'measured time' if timed else 'bytes'} (loop bodies: bytes and flop "
+              "summed over all trips)",
+              f"{'name':<40}{'class':<14}{'bytes':>10}{'flop':>10}{'trips':>6}" + ("      us" if timed else "")
+              + "  shape"]
     for op in rep.top(top):
-        lines.append(f"{op.name[:39]:<40}{op.cls:<14}{_fmt(op.bytes) + 'B':>10}{_fmt(op.flop):>10}{op.trips:>6}  "
-                     f"{op.shape}")
+        lines.append(f"{op.name[:39]:<40}{op.cls:<14}{_fmt(op.bytes) + 'B':>10}{_fmt(op.flop):>10}{op.trips:>6}"
+                     + (f"{op.time_s * 1e6:>8.1f}" if timed else "") + f"  {op.shape}")
     lines += [f"note: {n}" for n in rep.notes]
     return "\n".join(lines)
 

@@ -229,6 +229,7 @@ def test_attach_times_joins_by_instruction_name():
     assert classes["elementwise"]["time_s"] == pytest.approx(0.25e-3)
     assert rep.to_json()["total_time_s"] == pytest.approx(2e-3)
     assert any("2.000 ms" in n and "4.000 ms" in n for n in rep.notes)  # unmatched time, and the total
+    assert [op.name for op in rep.top(2)] == ["gemm", "ln"]  # with a profile: by measured time
 
 
 def test_profile_joins_a_real_trace():
