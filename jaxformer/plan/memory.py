@@ -229,6 +229,44 @@ def pipeline_buffers(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     return (bm + 2 * b) * w.seq_len * w.model.hidden_size * backend.compute_bytes
 
 
+def rebuilt_layer(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """Under `remat="full"`: the one layer's residual set the backward rebuilds (part of `saved_activations`)."""
+    if s.remat != "full":
+        return 0.0
+    cfg = w.model
+    rows = w.global_batch // (s.dp * s.fsdp) // (s.microbatches if s.pipelined else 1)
+    per_token = activation_table(backend, s.kernels, s.pipelined).per_token(cfg, w.seq_len, s.tp)
+    if s.sequence_parallel:
+        per_token -= (activation_table(backend, s.kernels, s.pipelined).d - backend.compute_bytes) \
+            * cfg.hidden_size * (1 - 1 / s.tp)
+    return rows * w.seq_len * per_token
+
+
+def layer_grad_stack(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The stacked layer gradient a scan's backward loop carries from its first trip (`[L, ...]` per parameter):
+    the compute dtype for the weights differentiated through their compute-dtype copy, float32 for the rest."""
+    return sum(local_elems(t, s) * (backend.compute_bytes if t.stacked_weight else F32)
+               for t in parameters(w.model) if t.part == "layer")
+
+
+def scan_backward(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The backward pass's peak when the layers run in a scan (`remat`): the larger of two moments.
+
+    * the heads' backward: the kept activations (layer inputs or contraction outputs), the MLM head's working set
+      and the weights' compute-dtype copy; no layer is rebuilt yet;
+    * the layer loop's first trip: the kept activations, the rebuilt layer's residuals, the weights' copy, the
+      stacked layer gradient the loop carries (allocated whole before its first trip) and the heads' float32
+      gradients (the tied word table's among them).
+
+    The unrolled loop (no remat) has no such stack: its layer gradients appear as its activations are freed."""
+    acts = saved_activations(w, s, backend)
+    copies = weight_copies(w, s, backend)
+    table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
+    heads = acts - rebuilt_layer(w, s, backend) + head_workspace(w, s, backend) + copies
+    loop = acts + copies + layer_grad_stack(w, s, backend) + local_params(w.model, s, "head") * F32 + table
+    return max(heads, loop)
+
+
 def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     """The peak memory of one device (of the fullest stage, for a Megatron-style pipeline)."""
     if s.megatron:
@@ -237,6 +275,8 @@ def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     acts = saved_activations(w, s, backend)
     backward = (acts + head_workspace(w, s, backend) + weight_copies(w, s, backend)
                 + pipeline_buffers(w, s, backend))
+    if s.remat != "none" and not s.pipelined:
+        backward = scan_backward(w, s, backend)
     table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
     # the update: every float32 gradient (the global-norm clip needs all of them), the word table's second
     # gradient piece under data parallelism, one table-sized temporary of the update
