@@ -135,9 +135,9 @@ def batch_bytes(w: Workload, s: Strategy) -> float:
     return b * (3 * 4 * w.seq_len + 3 * 4 * w.masked + 4)
 
 
-def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
-    """Activations kept for the backward pass on one device: the layers' (per `activation_table`) and the
-    embedding block's output."""
+def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU, with_embedding: bool = True) -> float:
+    """Activations kept for the backward pass on one device: the layers' (per `activation_table`) and, unless
+    `with_embedding` is False, the embedding block's output."""
     cfg, e = w.model, backend.compute_bytes
     c = COMPILER[backend.name]
     b = w.global_batch // (s.dp * s.fsdp)
@@ -149,7 +149,7 @@ def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float
     if s.sequence_parallel:
         per_token -= (table.d - e) * cfg.hidden_size * (1 - 1 / s.tp)  # the residual stream's values split on S
     embedding = b * w.seq_len * (16 + (c.embedding * cfg.hidden_size if s.kernels == "xla" or s.tp > 1
-                                       or s.fsdp > 1 else 0))
+                                       or s.fsdp > 1 else 0)) if with_embedding else 0.0
     layer_input = cfg.hidden_size * e
     if s.pipelined:
         # one residual set per tick for each layer of the stage's chunk (bubble ticks too: they run on filler)
@@ -267,6 +267,29 @@ def scan_backward(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     return max(heads, loop)
 
 
+def tick_residuals(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """What jaxformer/pipeline.py's tick loop stacks for the backward: every tick's layer residuals (bubble ticks
+    included), without the embedding's and without the layer `remat="full"` rebuilds."""
+    return saved_activations(w, s, backend, with_embedding=False) - rebuilt_layer(w, s, backend)
+
+
+def tick_loop_backward(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The backward pass's peak under jaxformer/pipeline.py, the larger of two moments (its state and buffers in
+    both):
+
+    * the heads' backward: every tick's residuals and the MLM head's working set;
+    * the tick loop's first backward trip: every tick's residuals, the tick's residuals sliced out of the stack
+      (a copy: the inner layer scan takes them in its own layout), the layer `remat` rebuilds, the stage's float32
+      layer gradient accumulator with the tick's own stacked gradient, and the heads' float32 gradients."""
+    acts = saved_activations(w, s, backend)
+    buffers = pipeline_buffers(w, s, backend)
+    table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
+    heads = acts - rebuilt_layer(w, s, backend) + head_workspace(w, s, backend) + weight_copies(w, s, backend)
+    loop = (acts + tick_residuals(w, s, backend) / s.ticks + 2 * local_params(w.model, s, "layer") * F32
+            + local_params(w.model, s, "head") * F32 + table + weight_copies(w, s, backend))
+    return max(heads, loop) + buffers
+
+
 def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     """The peak memory of one device (of the fullest stage, for a Megatron-style pipeline)."""
     if s.megatron:
@@ -277,6 +300,8 @@ def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
                 + pipeline_buffers(w, s, backend))
     if s.remat != "none" and not s.pipelined:
         backward = scan_backward(w, s, backend)
+    elif s.pipelined:
+        backward = tick_loop_backward(w, s, backend)
     table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
     # the update: every float32 gradient (the global-norm clip needs all of them), the word table's second
     # gradient piece under data parallelism, one table-sized temporary of the update

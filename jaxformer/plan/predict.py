@@ -76,6 +76,28 @@ def layer_bytes(w: Workload, s: Strategy, e: int) -> tuple[float, float]:
     return fwd, bwd
 
 
+# jaxformer/pipeline.py's tick loop moves more bytes than the plain layer loop, counted from its compiled program
+# (the tick loop's own operators in XLA's CPU HLO, tests/test_plan.py): every stacked residual passes four more
+# times through memory (forward: copied out of the inner layer scan's stack, written into the tick loop's stack;
+# backward: sliced out of it, copied into the inner scan's layout), read and written each time; every tick
+# zero-fills the stage's float32 layer gradient and adds it into the accumulator (write 4, read 8, write 4 bytes per
+# parameter); the state and buffer slices move six microbatch activations per tick.
+TICK_RESIDUAL_PASSES = 4
+TICK_GRAD_BYTES = 16
+
+
+def tick_loop_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """Bytes per step the tick loop moves beyond its layers' own work (0 outside jaxformer's pipeline)."""
+    if not s.pipelined or s.megatron:
+        return 0.0
+    cfg = w.model
+    bm = w.global_batch // (s.dp * s.fsdp) // s.microbatches
+    residuals = _memory.tick_residuals(w, s, backend)
+    grads = local_params(cfg, s, "layer") * TICK_GRAD_BYTES * s.ticks
+    state = s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * backend.compute_bytes
+    return 2 * TICK_RESIDUAL_PASSES * residuals + grads + state
+
+
 def layer_alu_seconds(w: Workload, s: Strategy, hw: Hardware) -> float:
     """Arithmetic-bound seconds per token of one layer pass under the XLA kernels (forward + backward)."""
     if s.kernels != "xla":
@@ -174,11 +196,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     recompute = fwd if s.remat == "full" else 0.0
     layer_pass = fwd + bwd + recompute
     layers = passes * layer_pass
-    pipeline_overhead = 0.0
-    if s.pipelined and not s.megatron:
-        # the tick loop's stacked residuals (zero-filled, written, read back) and its buffers' slices and updates
-        acts = _memory.saved_activations(w, s, backend)
-        pipeline_overhead = hw.memory_time(3 * acts + s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * e)
+    pipeline_overhead = hw.memory_time(tick_loop_bytes(w, s, backend))
     bubble_s = layers * (s.pp - 1) / s.ticks if s.pipelined else 0.0
 
     # -- heads, embedding, optimizer (heads and embeddings replicated over pipeline stages)
