@@ -187,8 +187,8 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
             t = g.flop / (hw.gemm_rate * flash_efficiency(w.seq_len))
             fwd_gemm, bwd_gemm = fwd_gemm + t, bwd_gemm + 2.5 * t  # flash backward: 5 matmuls for the forward's 2
         else:
-            fwd_gemm += hw.gemm_time(g.flop)
-            bwd_gemm += 2 * hw.gemm_time(g.flop)
+            fwd_gemm += hw.gemm_time(g.flop, width=cfg.hidden_size)
+            bwd_gemm += 2 * hw.gemm_time(g.flop, width=cfg.hidden_size)
     fb, bb = layer_bytes(w, s, e)
     alu = layer_alu_seconds(w, s, hw) * tokens
     fwd = fwd_gemm + hw.memory_time(fb * tokens) + alu / 3
@@ -202,9 +202,10 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     # -- heads, embedding, optimizer (heads and embeddings replicated over pipeline stages)
     rows = b * w.masked
     vocab = cfg.padded_vocab_size // s.tp
-    heads = sum(3 * hw.gemm_time(g.flop) for g in head_gemms(cfg, b, w.masked, s))
+    heads = sum(3 * hw.gemm_time(g.flop, width=cfg.hidden_size) for g in head_gemms(cfg, b, w.masked, s))
     if s.kernels == "pallas" and s.tp == 1:  # fused loss: the decoder GEMM again in the backward, bf16 d_logits
-        heads += hw.gemm_time(2.0 * rows * vocab * cfg.hidden_size) + hw.memory_time(3 * rows * vocab * e)
+        heads += (hw.gemm_time(2.0 * rows * vocab * cfg.hidden_size, width=cfg.hidden_size)
+                  + hw.memory_time(3 * rows * vocab * e))
     else:  # float32 logits: written, read by logsumexp, label pick, argmax, softmax gradient, two GEMMs
         heads += hw.memory_time(7 * rows * vocab * 4)
     table = vocab * cfg.hidden_size * 4 / s.fsdp
