@@ -13,7 +13,9 @@ tests/test_plan.py compares with `jax.ad_checkpoint`'s list), one set per tick, 
 layer loop what XLA keeps after fusing (it recomputes cheap element-wise values), fitted per backend to compiled
 memory (benchmarks/results/perfmodel.md, "Against the compiled train step"). Under `remat="full"` only the layer
 inputs are kept, plus one layer's set while it is recomputed; `"dots"` keeps the contraction outputs (the model
-runs its layers in a scan under remat). A Megatron-style pipeline's stages: `stage_memories`.
+runs its layers in a scan under remat). Where the layers run in a compiled loop (the remat scan, the pipeline's
+ticks) the backward's peak is the larger of the heads' moment and the loop's first trip, which carries its stacked
+gradients (`scan_backward`, `tick_loop_backward`). A Megatron-style pipeline's stages: `stage_memories`.
 """
 
 from __future__ import annotations

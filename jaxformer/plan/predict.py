@@ -9,8 +9,9 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
   GEMMs per forward GEMM and the backward bytes, full remat adding a forward. The plain stack runs L passes on the
   local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch, its p - 1 bubble ticks on
   filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a Megatron-style stage idles there
-  instead: the same time). jaxformer's tick loop also stacks every tick's residuals (zero-filled, written, read
-  back: `pipeline_overhead`).
+  instead: the same time). jaxformer's tick loop also moves its stacked residuals and its float32 gradient
+  accumulator through memory on every tick (`tick_loop_bytes`, counted from the compiled program:
+  `pipeline_overhead`).
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
   overlapped in this XLA (benchmarks/results/distributed-2xh200.md, "Data parallelism: where the remaining time
   goes": the async pair is made synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire ("The
