@@ -67,6 +67,44 @@ def test_memory_within_8_percent_of_xla(compiled, name):
     assert abs(r.memory_error) < 0.08, (r.memory_model, r.memory_compiled)
 
 
+def test_pipeline_tick_loop_bytes_and_memory_are_the_compiled_steps():
+    """jaxformer's pipeline on a small config whose heads are small (the tick loop sets the peak): the bytes of the
+    tick loop's own operators (those run once per tick, outside the inner layer scan) and the memory per device."""
+    from jaxformer.hlo_analysis import analyze
+    from jaxformer.plan.memory import memory
+    from jaxformer.plan.memory import tick_residuals
+    from jaxformer.plan.predict import TICK_STACK_OUTSIDE, tick_loop_bytes_inside
+    from jaxformer.plan.workload import CPU
+    cfg = BertConfig(vocab_size=1024, hidden_size=128, num_attention_heads=2, num_hidden_layers=4,
+                     intermediate_size=512, kernels="xla")
+    w, s = Workload(cfg, 32, 16), Strategy(pp=2, microbatches=4, kernels="xla")  # 5 ticks of 2 layers
+    c = xla_check.compile_step(cfg, w.seq_len, w.global_batch, s)
+    ops = analyze(c.as_text()).ops
+    tick = sum(op.bytes for op in ops if op.trips == s.ticks and op.cls != "collective")
+    assert tick_loop_bytes_inside(w, s, CPU) == pytest.approx(tick, rel=0.1)
+    # outside the loops: the [ticks, layers, 1, microbatch, ...] stacks' fills and copies (the CPU's converts aside)
+    stack = f"[{s.ticks},{cfg.num_hidden_layers // s.pp},1,{w.global_batch // s.microbatches},"
+    outside = sum(op.bytes for op in ops if op.trips == 1 and stack in op.shape and "convert" not in op.name)
+    assert TICK_STACK_OUTSIDE * tick_residuals(w, s, CPU) == pytest.approx(outside, rel=0.2)
+    ma = c.memory_analysis()
+    compiled = (ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes
+                - ma.alias_size_in_bytes)
+    assert memory(w, s, CPU).total == pytest.approx(compiled, rel=0.08)
+
+
+def test_remat_scan_memory_is_the_compiled_steps():
+    """Under remat the layers run in a scan: the rebuilt layer is not alive with the MLM head's working set (the
+    peak on tiny), the stacked layer gradient is alive with it in the loop."""
+    from jaxformer.plan.memory import memory
+    from jaxformer.plan.workload import CPU
+    cfg = BertConfig.preset("tiny", kernels="xla", remat="full")
+    w, s = Workload(cfg, 64, 16), Strategy(remat="full", kernels="xla")
+    ma = xla_check.compile_step(cfg, w.seq_len, w.global_batch, s).memory_analysis()
+    compiled = (ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes
+                - ma.alias_size_in_bytes)
+    assert memory(w, s, CPU).total == pytest.approx(compiled, rel=0.04)
+
+
 def test_parameter_inventory_is_the_models():
     cfg = BertConfig.preset("tiny", kernels="xla")
     model = nnx.eval_shape(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(0)))

@@ -18,9 +18,10 @@ against `jaxformer.hlo_analysis` on 8 CPU devices, tests/test_plan.py):
   lookup on the V-split table one forward; the vocabulary-parallel MLM loss three all-reduces and two all-gathers of
   one number per masked position and one all-reduce of the decoder's input gradient (B P D).
 * pipeline: per tick one collective-permute of a microbatch's B S D forward and two backward (the shift's
-  transpose is a split and a pad), plus the final shift; the encoder output's broadcast to every stage and its
-  gradient's sum (one all-reduce of B S D each); with the circular schedule, one all-to-all of the stage's layer
-  weights forward and of their gradients backward (jaxformer/pipeline.py).
+  transpose is a split and a pad), plus the final shift; the encoder output's broadcast to every stage (float32:
+  jnp.sum adds bf16 in float32) and its gradient's sum (compute dtype), one all-reduce of B S D each; with the
+  circular schedule, one all-to-all of the stage's layer weights forward and of their gradients backward
+  (jaxformer/pipeline.py).
 * gradient compression (`Strategy.density`, jaxformer/compression): the gradients' sum over `data` becomes the
   balanced top-k exchange, one all-to-all and one all-gather per step (`compressed_exchange`).
 * sequence parallelism (GPU pattern, benchmarks/results/distributed-2xh200.md, "Sequence parallelism"): per layer
@@ -167,7 +168,10 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
     elif s.pp > 1:
         micro = bm * S * D * e
         add(Collective("stage shift", "collective-permute", micro, "pipeline", s.pp, 3 * (s.ticks + 1)))
-        add(Collective("encoder output broadcast", "all-reduce", b * S * D * e, "pipeline", s.pp, 2))
+        # jnp.sum adds bf16 in float32: the forward broadcast is a float32 all-reduce, its transpose (the input
+        # gradient's sum over the stages' copies) stays in the compute dtype
+        add(Collective("encoder output broadcast", "all-reduce", b * S * D * F32, "pipeline", s.pp, 1))
+        add(Collective("encoder input gradient sum", "all-reduce", b * S * D * e, "pipeline", s.pp, 1))
         if s.repeats > 1:
             stage_layers = sum(math.prod(local_shape(t, s)) for t in parameters(cfg) if t.part == "layer")
             add(Collective("circular weights", "all-to-all", stage_layers * F32, "pipeline", s.pp, 2))

@@ -3,7 +3,8 @@ collective on them.
 
 Costs:
 * GEMM: `t0 + flop / rate` (a fixed launch-and-tail cost plus the large-GEMM rate), fitted to the calibration's
-  measured BERT-shaped GEMMs; without a calibration `rate = gemm_efficiency x peak`, `t0` 6 us.
+  measured BERT-shaped GEMMs; without a calibration `rate = gemm_efficiency x peak x width_efficiency(D)`, `t0`
+  6 us.
 * memory-bound operator: `bytes / (copy_efficiency x HBM bandwidth)`, or the calibration's measured copy rate.
 * collective (alpha-beta, ring algorithms): `steps x alpha + wire_bytes / beta`. Inside a node beta is the NVLink
   bandwidth per GPU and direction, alpha its per-step latency; a group spanning nodes runs hierarchically (NCCL):
@@ -56,6 +57,21 @@ PROFILES = {
 # What XLA's collectives reach of the NVLink datasheet bandwidth without a calibration: a 16.8 MB bf16 all-reduce on
 # two H200s took ~0.125 ms, ~134 GB/s bus bandwidth of 450 (benchmarks/dp_overlap.py, 2026-11-22, code of ed11862).
 NVLINK_EFFICIENCY = 0.33
+
+# The GEMM rate by the model's width D, relative to BERT-large's (the profile's `gemm_efficiency` is anchored on
+# 1024-wide GEMMs). Source: the H200 GEMMs recorded in benchmarks/results/perfmodel/calibration-h200.json at 8192
+# rows: BERT-base's forward layer shapes (k x n = 768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) ran at 601 TFLOP/s
+# (flop-weighted harmonic mean), BERT-large's (1024 x 3072, 1024 x 1024, 1024 x 4096, 4096 x 1024) at 653, once
+# the recording chain's extra pass over each output is taken off at the measured copy rate (465 against 527, 0.88,
+# without that). Linear in D between the two, held beyond them.
+WIDTH_EFFICIENCY = {768: 0.92, 1024: 1.0}
+
+
+def width_efficiency(width: int) -> float:
+    (w0, e0), (w1, e1) = sorted(WIDTH_EFFICIENCY.items())
+    x = min(max((width - w0) / (w1 - w0), 0.0), 1.0)
+    return e0 + x * (e1 - e0)
+
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -127,9 +143,13 @@ class Hardware:
         c = self.calibration
         return c.copy_bps if c else self.profile.copy_efficiency * self.profile.hbm_tbps * 1e12
 
-    def gemm_time(self, flop: float, count: float = 1.0) -> float:
-        """Seconds for `count` GEMMs of `flop` each."""
-        return count * self.gemm_t0 + count * flop / self.gemm_rate
+    def gemm_time(self, flop: float, count: float = 1.0, width: int | None = None) -> float:
+        """Seconds for `count` GEMMs of `flop` each; `width` (the model's D) scales the profile's rate
+        (`width_efficiency`; a calibration's fitted rate already holds its shapes)."""
+        rate = self.gemm_rate
+        if width is not None and self.calibration is None:
+            rate *= width_efficiency(width)
+        return count * self.gemm_t0 + count * flop / rate
 
     def memory_time(self, nbytes: float) -> float:
         return nbytes / self.copy_bps

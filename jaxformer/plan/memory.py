@@ -13,7 +13,9 @@ tests/test_plan.py compares with `jax.ad_checkpoint`'s list), one set per tick, 
 layer loop what XLA keeps after fusing (it recomputes cheap element-wise values), fitted per backend to compiled
 memory (benchmarks/results/perfmodel.md, "Against the compiled train step"). Under `remat="full"` only the layer
 inputs are kept, plus one layer's set while it is recomputed; `"dots"` keeps the contraction outputs (the model
-runs its layers in a scan under remat). A Megatron-style pipeline's stages: `stage_memories`.
+runs its layers in a scan under remat). Where the layers run in a compiled loop (the remat scan, the pipeline's
+ticks) the backward's peak is the larger of the heads' moment and the loop's first trip, which carries its stacked
+gradients (`scan_backward`, `tick_loop_backward`). A Megatron-style pipeline's stages: `stage_memories`.
 """
 
 from __future__ import annotations
@@ -135,9 +137,9 @@ def batch_bytes(w: Workload, s: Strategy) -> float:
     return b * (3 * 4 * w.seq_len + 3 * 4 * w.masked + 4)
 
 
-def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
-    """Activations kept for the backward pass on one device: the layers' (per `activation_table`) and the
-    embedding block's output."""
+def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU, with_embedding: bool = True) -> float:
+    """Activations kept for the backward pass on one device: the layers' (per `activation_table`) and, unless
+    `with_embedding` is False, the embedding block's output."""
     cfg, e = w.model, backend.compute_bytes
     c = COMPILER[backend.name]
     b = w.global_batch // (s.dp * s.fsdp)
@@ -149,7 +151,7 @@ def saved_activations(w: Workload, s: Strategy, backend: Backend = GPU) -> float
     if s.sequence_parallel:
         per_token -= (table.d - e) * cfg.hidden_size * (1 - 1 / s.tp)  # the residual stream's values split on S
     embedding = b * w.seq_len * (16 + (c.embedding * cfg.hidden_size if s.kernels == "xla" or s.tp > 1
-                                       or s.fsdp > 1 else 0))
+                                       or s.fsdp > 1 else 0)) if with_embedding else 0.0
     layer_input = cfg.hidden_size * e
     if s.pipelined:
         # one residual set per tick for each layer of the stage's chunk (bubble ticks too: they run on filler)
@@ -229,6 +231,67 @@ def pipeline_buffers(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     return (bm + 2 * b) * w.seq_len * w.model.hidden_size * backend.compute_bytes
 
 
+def rebuilt_layer(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """Under `remat="full"`: the one layer's residual set the backward rebuilds (part of `saved_activations`)."""
+    if s.remat != "full":
+        return 0.0
+    cfg = w.model
+    rows = w.global_batch // (s.dp * s.fsdp) // (s.microbatches if s.pipelined else 1)
+    per_token = activation_table(backend, s.kernels, s.pipelined).per_token(cfg, w.seq_len, s.tp)
+    if s.sequence_parallel:
+        per_token -= (activation_table(backend, s.kernels, s.pipelined).d - backend.compute_bytes) \
+            * cfg.hidden_size * (1 - 1 / s.tp)
+    return rows * w.seq_len * per_token
+
+
+def layer_grad_stack(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The stacked layer gradient a scan's backward loop carries from its first trip (`[L, ...]` per parameter):
+    the compute dtype for the weights differentiated through their compute-dtype copy, float32 for the rest."""
+    return sum(local_elems(t, s) * (backend.compute_bytes if t.stacked_weight else F32)
+               for t in parameters(w.model) if t.part == "layer")
+
+
+def scan_backward(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The backward pass's peak when the layers run in a scan (`remat`): the larger of two moments.
+
+    * the heads' backward: the kept activations (layer inputs or contraction outputs), the MLM head's working set
+      and the weights' compute-dtype copy; no layer is rebuilt yet;
+    * the layer loop's first trip: the kept activations, the rebuilt layer's residuals, the weights' copy, the
+      stacked layer gradient the loop carries (allocated whole before its first trip) and the heads' float32
+      gradients (the tied word table's among them).
+
+    The unrolled loop (no remat) has no such stack: its layer gradients appear as its activations are freed."""
+    acts = saved_activations(w, s, backend)
+    copies = weight_copies(w, s, backend)
+    table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
+    heads = acts - rebuilt_layer(w, s, backend) + head_workspace(w, s, backend) + copies
+    loop = acts + copies + layer_grad_stack(w, s, backend) + local_params(w.model, s, "head") * F32 + table
+    return max(heads, loop)
+
+
+def tick_residuals(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """What jaxformer/pipeline.py's tick loop stacks for the backward: every tick's layer residuals (bubble ticks
+    included), without the embedding's and without the layer `remat="full"` rebuilds."""
+    return saved_activations(w, s, backend, with_embedding=False) - rebuilt_layer(w, s, backend)
+
+
+def tick_loop_backward(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The backward pass's peak under jaxformer/pipeline.py, the larger of two moments (its state and buffers in
+    both):
+
+    * the heads' backward: every tick's residuals and the MLM head's working set;
+    * the tick loop's first backward trip: every tick's residuals, the tick's residuals sliced out of the stack
+      (a copy: the inner layer scan takes them in its own layout), the layer `remat` rebuilds, the stage's float32
+      layer gradient accumulator with the tick's own stacked gradient, and the heads' float32 gradients."""
+    acts = saved_activations(w, s, backend)
+    buffers = pipeline_buffers(w, s, backend)
+    table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
+    heads = acts - rebuilt_layer(w, s, backend) + head_workspace(w, s, backend) + weight_copies(w, s, backend)
+    loop = (acts + tick_residuals(w, s, backend) / s.ticks + 2 * local_params(w.model, s, "layer") * F32
+            + local_params(w.model, s, "head") * F32 + table + weight_copies(w, s, backend))
+    return max(heads, loop) + buffers
+
+
 def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     """The peak memory of one device (of the fullest stage, for a Megatron-style pipeline)."""
     if s.megatron:
@@ -237,6 +300,10 @@ def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     acts = saved_activations(w, s, backend)
     backward = (acts + head_workspace(w, s, backend) + weight_copies(w, s, backend)
                 + pipeline_buffers(w, s, backend))
+    if s.remat != "none" and not s.pipelined:
+        backward = scan_backward(w, s, backend)
+    elif s.pipelined:
+        backward = tick_loop_backward(w, s, backend)
     table = w.model.padded_vocab_size // s.tp * w.model.hidden_size * F32 / s.fsdp
     # the update: every float32 gradient (the global-norm clip needs all of them), the word table's second
     # gradient piece under data parallelism, one table-sized temporary of the update

@@ -9,8 +9,9 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
   GEMMs per forward GEMM and the backward bytes, full remat adding a forward. The plain stack runs L passes on the
   local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch, its p - 1 bubble ticks on
   filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a Megatron-style stage idles there
-  instead: the same time). jaxformer's tick loop also stacks every tick's residuals (zero-filled, written, read
-  back: `pipeline_overhead`).
+  instead: the same time). jaxformer's tick loop also moves its stacked residuals and its float32 gradient
+  accumulator through memory on every tick (`tick_loop_bytes`, counted from the compiled program:
+  `pipeline_overhead`).
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
   overlapped in this XLA (benchmarks/results/distributed-2xh200.md, "Data parallelism: where the remaining time
   goes": the async pair is made synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire ("The
@@ -74,6 +75,36 @@ def layer_bytes(w: Workload, s: Strategy, e: int) -> tuple[float, float]:
     fwd = 2 * (3 * D * e + 8) + 2 * Ft * e + bias
     bwd = 2 * (5 * D * e + 8) + 2 * 3 * D * e + 3 * Ft * e + bias
     return fwd, bwd
+
+
+# jaxformer/pipeline.py's tick loop moves more bytes than the plain layer loop, counted from its compiled program
+# (the tick loop's own operators in XLA's CPU HLO, tests/test_plan.py): every stacked residual passes four more
+# times through memory (forward: copied out of the inner layer scan's stack, written into the tick loop's stack;
+# backward: sliced out of it, copied into the inner scan's layout), read and written each time; every tick
+# zero-fills the stage's float32 layer gradient and adds it into the accumulator (write 4, read 8, write 4 bytes per
+# parameter); the state and buffer slices move six microbatch activations per tick. Outside the loops the stacks
+# are zero-filled and partly copied between the forward and the backward loop: about one byte moved per stacked
+# byte (1.09-1.16 in the CPU HLO, its bf16-to-float32 converts of whole stacks aside).
+TICK_RESIDUAL_PASSES = 4
+TICK_GRAD_BYTES = 16
+TICK_STACK_OUTSIDE = 1.0
+
+
+def tick_loop_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """Bytes per step the tick loop moves beyond its layers' own work (0 outside jaxformer's pipeline)."""
+    if not s.pipelined or s.megatron:
+        return 0.0
+    cfg = w.model
+    bm = w.global_batch // (s.dp * s.fsdp) // s.microbatches
+    residuals = _memory.tick_residuals(w, s, backend)
+    grads = local_params(cfg, s, "layer") * TICK_GRAD_BYTES * s.ticks
+    state = s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * backend.compute_bytes
+    return (2 * TICK_RESIDUAL_PASSES + TICK_STACK_OUTSIDE) * residuals + grads + state
+
+
+def tick_loop_bytes_inside(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """The part of `tick_loop_bytes` moved inside the tick loops (what runs once per tick)."""
+    return tick_loop_bytes(w, s, backend) - TICK_STACK_OUTSIDE * _memory.tick_residuals(w, s, backend)
 
 
 def layer_alu_seconds(w: Workload, s: Strategy, hw: Hardware) -> float:
@@ -165,8 +196,8 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
             t = g.flop / (hw.gemm_rate * flash_efficiency(w.seq_len))
             fwd_gemm, bwd_gemm = fwd_gemm + t, bwd_gemm + 2.5 * t  # flash backward: 5 matmuls for the forward's 2
         else:
-            fwd_gemm += hw.gemm_time(g.flop)
-            bwd_gemm += 2 * hw.gemm_time(g.flop)
+            fwd_gemm += hw.gemm_time(g.flop, width=cfg.hidden_size)
+            bwd_gemm += 2 * hw.gemm_time(g.flop, width=cfg.hidden_size)
     fb, bb = layer_bytes(w, s, e)
     alu = layer_alu_seconds(w, s, hw) * tokens
     fwd = fwd_gemm + hw.memory_time(fb * tokens) + alu / 3
@@ -174,19 +205,16 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     recompute = fwd if s.remat == "full" else 0.0
     layer_pass = fwd + bwd + recompute
     layers = passes * layer_pass
-    pipeline_overhead = 0.0
-    if s.pipelined and not s.megatron:
-        # the tick loop's stacked residuals (zero-filled, written, read back) and its buffers' slices and updates
-        acts = _memory.saved_activations(w, s, backend)
-        pipeline_overhead = hw.memory_time(3 * acts + s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * e)
+    pipeline_overhead = hw.memory_time(tick_loop_bytes(w, s, backend))
     bubble_s = layers * (s.pp - 1) / s.ticks if s.pipelined else 0.0
 
     # -- heads, embedding, optimizer (heads and embeddings replicated over pipeline stages)
     rows = b * w.masked
     vocab = cfg.padded_vocab_size // s.tp
-    heads = sum(3 * hw.gemm_time(g.flop) for g in head_gemms(cfg, b, w.masked, s))
+    heads = sum(3 * hw.gemm_time(g.flop, width=cfg.hidden_size) for g in head_gemms(cfg, b, w.masked, s))
     if s.kernels == "pallas" and s.tp == 1:  # fused loss: the decoder GEMM again in the backward, bf16 d_logits
-        heads += hw.gemm_time(2.0 * rows * vocab * cfg.hidden_size) + hw.memory_time(3 * rows * vocab * e)
+        heads += (hw.gemm_time(2.0 * rows * vocab * cfg.hidden_size, width=cfg.hidden_size)
+                  + hw.memory_time(3 * rows * vocab * e))
     else:  # float32 logits: written, read by logsumexp, label pick, argmax, softmax gradient, two GEMMs
         heads += hw.memory_time(7 * rows * vocab * 4)
     table = vocab * cfg.hidden_size * 4 / s.fsdp
