@@ -340,10 +340,16 @@ class _Analyzer:
                 return "elementwise", 0.0, target
             return "other", 0.0, target
         if op == "fusion":
-            ops, flop = self.body_cost(_attr(ins.attrs, "calls") or "")
+            called_name = _attr(ins.attrs, "calls") or ""
+            ops, flop = self.body_cost(called_name)
             targets = " ".join(o for o in ops if o.startswith("custom-call:")).lower()
             if ops & {"dot", "convolution"} or "cublas" in targets:
                 return "contraction", flop, ""
+            # A kernel fused with the slicing of its operands (a Pallas call on one layer's slice of the stacked
+            # weights: XLA's dynamic-slice fusion) is what the kernel computes, not elementwise work.
+            kernel = next((i for i in self.comps.get(called_name, []) if i.opcode == "custom-call"), None)
+            if kernel is not None:
+                return self.classify(kernel, called_name)
             if ops & NORM_OPS or any(w in targets for w in NORM_WORDS):
                 return "normalization", flop, ""
             if ops - LAYOUT - FREE:

@@ -284,3 +284,32 @@ def test_async_fusion_costs_its_slice_and_inner_names_join():
     rep2 = analyze(ASYNC_FUSION.replace("%fs", "%fs.7"))
     rep2.attach_times({"fs_7": 2e6}, steps=2)
     assert {op.name: op for op in rep2.ops}["fs.7"].time_s == pytest.approx(1e-3)
+
+
+KERNEL_ON_A_SLICE = """HloModule kernel_on_slice
+
+%dsf (p0: bf16[24,1024], p1: bf16[8192,1024]) -> bf16[8192,1024] {
+  %p0 = bf16[24,1024]{1,0} parameter(0)
+  %p1 = bf16[8192,1024]{1,0} parameter(1)
+  %s = bf16[1,1024]{1,0} slice(%p0), slice={[3:4], [0:1024]}
+  %b = bf16[1024]{0} bitcast(%s)
+  ROOT %k = bf16[8192,1024]{1,0} custom-call(%p1, %b), custom_call_target="mosaic_gpu_v2", \
+metadata={op_name="jit(step)/bdrln_forward"}
+}
+
+ENTRY %main (w: bf16[24,1024], x: bf16[8192,1024]) -> bf16[8192,1024] {
+  %w = bf16[24,1024]{1,0} parameter(0)
+  %x = bf16[8192,1024]{1,0} parameter(1)
+  ROOT %dynamic_slice_fusion.1 = bf16[8192,1024]{1,0} fusion(%w, %x), kind=kCustom, calls=%dsf
+}
+""".replace("\\\n", "")
+
+
+def test_a_kernel_fused_with_its_operand_slices_is_classed_as_the_kernel():
+    """XLA fuses a Pallas call on one layer's slice of the stacked weights with that slice: the fusion is the
+    kernel's work (here a layer norm), not elementwise."""
+    op = next(o for o in analyze(KERNEL_ON_A_SLICE).ops if o.name == "dynamic_slice_fusion.1")
+    assert op.cls == "normalization"
+    plain = next(o for o in analyze(KERNEL_ON_A_SLICE.replace("bdrln_forward", "kernel")).ops
+                 if o.name == "dynamic_slice_fusion.1")
+    assert plain.cls == "other"
