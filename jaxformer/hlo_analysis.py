@@ -258,7 +258,9 @@ class _Analyzer:
         ops, flop = set(), 0.0
         for ins in self.comps.get(comp, []):
             ops.add(ins.opcode)
-            if ins.opcode in ("dot", "convolution"):
+            target = (_attr(ins.attrs, "custom_call_target") or "") if ins.opcode == "custom-call" else ""
+            if ins.opcode in ("dot", "convolution") or "cublas" in target or "gemm" in target:
+                # a GEMM call inside a fusion (cuBLAS on a dynamic slice of the stacked weights) is a contraction
                 flop += self.dot_flop(ins, comp)
             elif ins.opcode in ("reduce", "reduce-window"):
                 flop += nelems(self.types[comp].get(ins.operands[0], ""))

@@ -313,3 +313,29 @@ def test_a_kernel_fused_with_its_operand_slices_is_classed_as_the_kernel():
     plain = next(o for o in analyze(KERNEL_ON_A_SLICE.replace("bdrln_forward", "kernel")).ops
                  if o.name == "dynamic_slice_fusion.1")
     assert plain.cls == "other"
+
+
+GEMM_ON_A_SLICE = """HloModule gemm_on_slice
+
+%dsf (p0: bf16[24,1024,4096], p1: bf16[8192,1024]) -> (bf16[8192,4096], s8[33554432]) {
+  %p1 = bf16[8192,1024]{1,0} parameter(1)
+  %p0 = bf16[24,1024,4096]{2,1,0} parameter(0)
+  %s = bf16[1,1024,4096]{2,1,0} slice(%p0), slice={[0:1], [0:1024], [0:4096]}
+  %b = bf16[1024,4096]{1,0} bitcast(%s)
+  ROOT %g = (bf16[8192,4096]{1,0}, s8[33554432]{0}) custom-call(%p1, %b), custom_call_target="__cublas$lt$matmul", \
+backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_batch_dimensions":[],\
+"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["0"]}}}
+}
+
+ENTRY %main (w: bf16[24,1024,4096], x: bf16[8192,1024]) -> (bf16[8192,4096], s8[33554432]) {
+  %w = bf16[24,1024,4096]{2,1,0} parameter(0)
+  %x = bf16[8192,1024]{1,0} parameter(1)
+  ROOT %dynamic_slice_fusion.2 = (bf16[8192,4096]{1,0}, s8[33554432]{0}) fusion(%w, %x), kind=kCustom, calls=%dsf
+}
+""".replace("\\\n", "")
+
+
+def test_a_gemm_fused_with_its_weight_slice_counts_its_flop():
+    """cuBLAS on one layer's slice of the stacked weights: 2 m n k flop, not the elements of its outputs."""
+    op = next(o for o in analyze(GEMM_ON_A_SLICE).ops if o.name == "dynamic_slice_fusion.2")
+    assert op.cls == "contraction" and op.flop == 2.0 * 8192 * 4096 * 1024
