@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -199,33 +200,42 @@ def _drop_closed_loop_errors() -> None:
 
 # ----------------------------------------------------------------------------------------------- metrics
 class MetricsWriter:
-    """Appends one JSON object per logged step to `metrics.jsonl`, and mirrors scalars to TensorBoard if present."""
+    """Appends one JSON object per logged step to `metrics.jsonl`, and mirrors the scalars to TensorBoard event
+    files in <out>/tensorboard where the `tensorboard` package is installed."""
 
     def __init__(self, out: Path):
         self.path = out / "metrics.jsonl"
         self.file = open(self.path, "a", buffering=1)
-        self.tb = None
-        # Optional: tensorboardX, or torch's writer where the tensorboard package is installed. Looked up before
-        # importing: importing torch alone costs seconds of start-up (2-5 s) when tensorboard is absent.
-        if importlib.util.find_spec("tensorboardX") is not None:
-            from tensorboardX import SummaryWriter
-        elif importlib.util.find_spec("tensorboard") is not None and importlib.util.find_spec("torch") is not None:
-            from torch.utils.tensorboard import SummaryWriter
-        else:
-            return
-        self.tb = SummaryWriter(str(out / "tensorboard"))
+        self.tb = _TensorBoard(out / "tensorboard") if importlib.util.find_spec("tensorboard") is not None else None
 
     def write(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps(record) + "\n")
         if self.tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, record["step"])
+            self.tb.add_scalars({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))},
+                                record["step"])
 
     def close(self) -> None:
         self.file.close()
         if self.tb is not None:
             self.tb.close()
+
+
+class _TensorBoard:
+    """Scalars as TensorBoard events, written by the tensorboard package's own event-file writer: what
+    torch.utils.tensorboard does, without importing torch (seconds of start-up) or TensorFlow."""
+
+    def __init__(self, logdir: Path):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self.event, self.summary = event_pb2.Event, summary_pb2.Summary
+        self.writer = EventFileWriter(str(logdir))
+
+    def add_scalars(self, scalars: dict[str, float], step: int) -> None:
+        values = [self.summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+        self.writer.add_event(self.event(wall_time=time.time(), step=int(step), summary=self.summary(value=values)))
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

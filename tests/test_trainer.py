@@ -251,14 +251,26 @@ def test_compile_cache_keeps_the_compiled_step_and_none_turns_it_off(corpus, tmp
         compilation_cache.reset_cache()
 
 
-def test_metrics_writer_imports_torch_only_for_tensorboard(tmp_path):
-    """Importing torch costs seconds of start-up: only where its TensorBoard writer can work."""
+def test_metrics_writer_never_imports_torch(tmp_path):
+    """Importing torch costs seconds of start-up; the TensorBoard events need only the tensorboard package."""
     code = ("import importlib.util as u, sys; from pathlib import Path; from jaxformer.outputs import MetricsWriter; "
-            "w = MetricsWriter(Path(sys.argv[1])); print(w.tb is not None, 'torch' in sys.modules, "
-            "u.find_spec('tensorboard') is not None or u.find_spec('tensorboardX') is not None)")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True,
-                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.split()
+            "w = MetricsWriter(Path(sys.argv[1])); w.write(dict(step=1, loss=2.5)); w.close(); "
+            "print(w.tb is not None, 'torch' in sys.modules, u.find_spec('tensorboard') is not None)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.split()
     writer, torch_loaded, tensorboard = (x == "True" for x in out)
-    assert writer == tensorboard
-    if not tensorboard:
-        assert not torch_loaded
+    assert writer == tensorboard and not torch_loaded
+
+
+def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from jaxformer.outputs import MetricsWriter
+    w = MetricsWriter(tmp_path)
+    for step, loss in ((1, 2.5), (2, 2.25)):
+        w.write(dict(step=step, loss=loss, note="text is not a scalar"))
+    w.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert acc.Tags()["scalars"] == ["loss"]
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
