@@ -225,11 +225,13 @@ def from_transformers(src, *, seed: int = 0, **overrides) -> BertForPreTraining:
         value = tensors[key] if to_jax is None else to_jax(tensors[key])
         if key.startswith("bert.encoder.layer."):
             layer = int(key.split(".")[3])
-            if ".attention.self." in key:  # query/key/value -> component c of the CDNH / CNH arrays
+            if ".attention.self." in key:  # query/key/value -> component c of the DCNH / CNH arrays
                 c = ("query", "key", "value").index(key.split(".")[-2])
                 d, n, h = config.hidden_size, config.num_attention_heads, config.head_dim
-                value = value.T.reshape(d, n, h) if key.endswith("weight") else value.reshape(n, h)
-                _stacked(updates, pure, path)[layer, c] = value
+                if key.endswith("weight"):
+                    _stacked(updates, pure, path)[layer, :, c] = value.T.reshape(d, n, h)
+                else:
+                    _stacked(updates, pure, path)[layer, c] = value.reshape(n, h)
             else:
                 _stacked(updates, pure, path)[layer] = value
         else:
@@ -297,8 +299,8 @@ def to_transformers(model: BertForPreTraining, directory) -> Path:
         if key.startswith("bert.encoder.layer."):
             value = value[int(key.split(".")[3])]
             if ".attention.self." in key:
-                value = value[("query", "key", "value").index(key.split(".")[-2])]
-                value = value.reshape(d, n * h).T if key.endswith("weight") else value.reshape(n * h)
+                c = ("query", "key", "value").index(key.split(".")[-2])
+                value = value[:, c].reshape(d, n * h).T if key.endswith("weight") else value[c].reshape(n * h)
         tensors[key] = np.ascontiguousarray(value if to_hf is None else to_hf(value))
     config = hf_config(cfg)
     # Write to temporary names first so an interrupted export never leaves a half-written model behind.

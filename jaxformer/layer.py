@@ -1,6 +1,6 @@
 """The encoder layer (post-LN, as in BERT), in the dimension letters of docs/design.md:
 
-    qkv  = x[BSD] @ w_qkv[CDNH] + b_qkv[CNH]                              (AIB)
+    qkv  = x[BSD] @ w_qkv[DCNH] + b_qkv[CNH]                              (AIB)
     ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM; pallas: flash, adding b_qkv itself)
            (packed rows: the mask is the segment ids, a query attends the keys of its own sample)
     x    = LN(x + dropout(ctx[BSNH] @ w_o[NHD] + b_o))                      (BDRLN)
@@ -49,7 +49,7 @@ def layouts_for(layouts: LayoutConfig, pallas: bool) -> LayoutConfig:
 def qkv_projection(x: Annotated, *, kernel, bias, layouts: LayoutConfig, dtype) -> Annotated:
     """x @ w_qkv + b_qkv (AIB), stored in `layouts.qkv`; with `bias` None the product alone (flash attention then
     applies the bias)."""
-    qkv = einsum(layouts.qkv, x, annotate(kernel.astype(dtype), "CDNH"))
+    qkv = einsum(layouts.qkv, x, annotate(kernel.astype(dtype), "DCNH"))
     if bias is None:
         return qkv
     return Annotated(qkv.array + expand(bias.astype(dtype), "CNH", layouts.qkv), layouts.qkv)
@@ -106,7 +106,7 @@ class SelfAttention(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         d, n, h = config.hidden_size, config.num_attention_heads, config.head_dim
-        self.qkv_kernel = normal(rngs, (3, d, n, h), config, "CDNH")
+        self.qkv_kernel = normal(rngs, (d, 3, n, h), config, "DCNH")  # the order its GEMMs read
         self.qkv_bias = zeros((3, n, h), config, "CNH")
         self.out_kernel = normal(rngs, (n, h, d), config, "NHD")
         self.out_bias = zeros((d,), config, "D")

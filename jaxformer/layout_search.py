@@ -37,7 +37,7 @@ from layouts.solver import Op, Problem, solve
 
 from .layer import FLASH_CTX, FLASH_QKV, layouts_for
 
-FIXED = {"qkv_kernel": "CDNH", "qkv_bias": "CNH", "out_kernel": "NHD", "in_kernel": "DF", "out2_kernel": "FD"}
+FIXED = {"qkv_kernel": "DCNH", "qkv_bias": "CNH", "out_kernel": "NHD", "in_kernel": "DF", "out2_kernel": "FD"}
 
 
 def build_problem(kernels: str, cands: dict[str, tuple[str, ...]]) -> tuple[Problem, dict]:

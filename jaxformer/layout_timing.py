@@ -45,7 +45,7 @@ class Timer:
         # numpy's generator: one jax.random call per shape would compile a kernel per shape (seconds on a CPU).
         self.rng = np.random.default_rng(0)
         p = lambda *shape: jnp.asarray(0.02 * self.rng.standard_normal(shape), cfg.parameter_dtype)  # noqa: E731
-        self.params = dict(qkv_kernel=p(3, d, n, h), qkv_bias=p(3, n, h), out_kernel=p(n, h, d), out_bias=p(d),
+        self.params = dict(qkv_kernel=p(d, 3, n, h), qkv_bias=p(3, n, h), out_kernel=p(n, h, d), out_bias=p(d),
                            in_kernel=p(d, ff), in_bias=p(ff), out2_kernel=p(ff, d), out2_bias=p(d),
                            ln_scale=1 + p(d), ln_bias=p(d))
         lengths = self.rng.integers(max(1, a.seq_len // 2), a.seq_len + 1, (a.batch_size, 1))

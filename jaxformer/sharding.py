@@ -29,7 +29,7 @@ from .pipeline import Pipeline
 
 MESH_ORDER = ("pipeline", "data", "fsdp", "tensor")
 
-# Parameters. Megatron: the QKV projection (CDNH) and FFN-in (DF) are column-parallel (their N / F output axis is
+# Parameters. Megatron: the QKV projection (DCNH) and FFN-in (DF) are column-parallel (their N / F output axis is
 # split), the attention-out (NHD) and FFN-out (FD) projections row-parallel (their N / F input axis is split), so
 # each block needs one all-reduce forward; the tied embedding / MLM decoder (VD) and the output bias split V.
 # FSDP shards every weight over `fsdp` on D, the axis tensor parallelism leaves alone. The stacked layer axis L is

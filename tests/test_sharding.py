@@ -85,8 +85,8 @@ def test_meshes_match_one_device(spec):
     # Nothing silently replicated: the state comes back with the rules' shardings, optimizer moments included.
     steps, _ = _compiled(spec)
     m = MeshConfig.parse(spec)
-    qkv = state.params["encoder"]["layers"]["attention"]["qkv_kernel"]  # L C D N H
-    assert qkv.sharding.spec == P(None, None, "fsdp" if m.fsdp > 1 else None, "tensor" if m.tensor > 1 else None,
+    qkv = state.params["encoder"]["layers"]["attention"]["qkv_kernel"]  # L D C N H
+    assert qkv.sharding.spec == P(None, "fsdp" if m.fsdp > 1 else None, None, "tensor" if m.tensor > 1 else None,
                                   None)
     mu = state.opt_state[1][0].mu["encoder"]["layers"]["attention"]["qkv_kernel"]
     assert mu.sharding == qkv.sharding
@@ -171,7 +171,7 @@ def test_fsdp_gathers_each_layer_and_reduces_gradients(scan):
     # ZeRO-3: each layer's weights are gathered for that layer (inside the scan: 2 trips of one gather; in the loop:
     # one gather per layer), never the whole (L, ...) stack at once.
     d, n, h, f = 64, 4, 16, 128
-    for per_layer in [(3, d, n, h), (n, h, d), (d, f), (f, d)]:
+    for per_layer in [(d, 3, n, h), (n, h, d), (d, f), (f, d)]:
         trips = [t for dims, t in gathers if dims == per_layer]
         assert (2 in trips) if scan else len(trips) >= 2, (per_layer, trips)
         assert (2, *per_layer) not in {dims for dims, _ in gathers}

@@ -168,7 +168,7 @@ def parameters(cfg: BertConfig) -> tuple[Tensor, ...]:
     emb = [("embeddings/word", "VD", (V, D)), ("embeddings/position", "_D", (cfg.max_position_embeddings, D)),
            ("embeddings/token_type", "_D", (cfg.type_vocab_size, D)),
            ("embeddings/layer_norm/scale", "D", (D,)), ("embeddings/layer_norm/bias", "D", (D,))]
-    layer = [("attention/qkv_kernel", "LCDNH", (L, 3, D, N, H)), ("attention/qkv_bias", "LCNH", (L, 3, N, H)),
+    layer = [("attention/qkv_kernel", "LDCNH", (L, D, 3, N, H)), ("attention/qkv_bias", "LCNH", (L, 3, N, H)),
              ("attention/out_kernel", "LNHD", (L, N, H, D)), ("attention/out_bias", "LD", (L, D)),
              ("attention/layer_norm/scale", "LD", (L, D)), ("attention/layer_norm/bias", "LD", (L, D)),
              ("feed_forward/in_kernel", "LDF", (L, D, F)), ("feed_forward/in_bias", "LF", (L, F)),
