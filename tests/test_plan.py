@@ -128,6 +128,29 @@ def test_pipeline_tick_loop_bytes_and_memory_are_the_compiled_steps():
     assert memory(w, s, CPU).total == pytest.approx(compiled, rel=0.08)
 
 
+def test_pipeline_inner_scan_weight_bytes_are_the_compiled_steps():
+    """The bytes the pipeline's inner layer scan moves on weight-shaped buffers (operators run once per layer and
+    tick, besides the contractions): the compute copies forward and backward and the gradient written into the
+    stack. 192 tokens per microbatch, so no activation has a weight's shape."""
+    from jaxformer.hlo_analysis import analyze
+    from jaxformer.plan.predict import scan_weight_bytes
+    from jaxformer.plan.workload import CPU
+    cfg = BertConfig(vocab_size=1024, hidden_size=128, num_attention_heads=2, num_hidden_layers=4,
+                     intermediate_size=512, kernels="xla")
+    w, s = Workload(cfg, 32, 24), Strategy(pp=2, microbatches=4, kernels="xla")
+    k = cfg.num_hidden_layers // s.pp
+    ops = analyze(xla_check.compile_step(cfg, w.seq_len, w.global_batch, s).as_text()).ops
+    activation_dims = {w.seq_len, w.global_batch // s.microbatches, w.global_batch // s.microbatches * w.seq_len}
+
+    def weight_shaped(shape):
+        dims = [int(d) for d in shape[shape.index("[") + 1:shape.index("]")].split(",") if d]
+        return not activation_dims & set(dims) and math.prod(dims) >= cfg.hidden_size ** 2
+
+    inner = sum(op.bytes for op in ops if op.trips == s.ticks * k and op.cls not in ("contraction", "collective")
+                and "[" in op.shape and weight_shaped(op.shape))
+    assert scan_weight_bytes(w, s, CPU) == pytest.approx(inner, rel=0.02)
+
+
 def test_remat_scan_memory_is_the_compiled_steps():
     """Under remat the layers run in a scan: the rebuilt layer is not alive with the MLM head's working set (the
     peak on tiny), the stacked layer gradient is alive with it in the loop."""

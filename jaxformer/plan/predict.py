@@ -10,8 +10,9 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
   local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch, its p - 1 bubble ticks on
   filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a Megatron-style stage idles there
   instead: the same time). jaxformer's tick loop also moves its stacked residuals and its float32 gradient
-  accumulator through memory on every tick (`tick_loop_bytes`, counted from the compiled program:
-  `pipeline_overhead`).
+  accumulator through memory on every tick (`tick_loop_bytes`), and its inner layer scan copies each layer's
+  weights and writes its gradient on every layer pass (`scan_weight_bytes`), both counted from the compiled program
+  (`pipeline_overhead`).
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
   overlapped in this XLA (benchmarks/results/distributed-2xh200.md, "Data parallelism: where the remaining time
   goes": the async pair is made synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire ("The
@@ -103,6 +104,23 @@ def tick_loop_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     grads = local_params(cfg, s, "layer") * TICK_GRAD_BYTES * s.ticks
     state = s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * backend.compute_bytes
     return (2 * TICK_RESIDUAL_PASSES + TICK_STACK_OUTSIDE) * residuals + grads + state
+
+
+# Inside a tick, the inner layer scan moves each layer weight through memory three more times per layer pass (the
+# operators XLA runs once per layer and tick on weight-shaped buffers, tests/test_plan.py): its compute-dtype copy
+# is made forward and again backward (read float32, write the compute dtype), and its float32 gradient is written
+# into the chunk's stacked gradient (read, write). The plain layer loop fuses the slices into the GEMMs and makes the
+# compute copy once per step.
+SCAN_WEIGHT_COPIES = 2
+SCAN_WEIGHT_GRAD_BYTES = 8
+
+
+def scan_weight_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """Bytes per step the pipeline's inner layer scan moves on the layer weights (0 outside jaxformer's pipeline)."""
+    if not s.pipelined or s.megatron:
+        return 0.0
+    per_element = SCAN_WEIGHT_COPIES * (4 + backend.compute_bytes) + SCAN_WEIGHT_GRAD_BYTES
+    return s.ticks * local_params(w.model, s, "layer") * per_element  # ticks x k passes of W_stage / k each
 
 
 def tick_loop_bytes_inside(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
@@ -210,7 +228,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     recompute = fwd if s.remat == "full" else 0.0
     layer_pass = fwd + bwd + recompute
     layers = passes * layer_pass
-    pipeline_overhead = hw.memory_time(tick_loop_bytes(w, s, backend))
+    pipeline_overhead = hw.memory_time(tick_loop_bytes(w, s, backend) + scan_weight_bytes(w, s, backend))
     bubble_s = layers * (s.pp - 1) / s.ticks if s.pipelined else 0.0
 
     # -- heads, embedding, optimizer (heads and embeddings replicated over pipeline stages)
