@@ -79,7 +79,7 @@ def test_tensor_backward_all_reduces_are_independent_of_their_weight_gradients(c
     assert len(ars) == 1 + 4 * L  # the embedding lookup's, 2 per layer forward, 2 backward
     assert all(not ind for _, ind in ars[:1 + 2 * L])
     backward = ars[1 + 2 * L:]
-    for i, (_, ind) in enumerate(backward[:-1]):  # the last one is combined with the clip norm's scalar sums
+    for i, (_, ind) in enumerate(backward[:-1]):  # the last is combined with the scalar sums (the norm's)
         done = i // 2 + 1  # layers whose blocks' gradients have been reached
         dims = [tuple(sorted(int(x) for x in s[4:-1].split(","))) for s in ind if s.count(",") == 1]
         if i % 2 == 0:
