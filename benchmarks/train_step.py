@@ -42,7 +42,7 @@ from jaxformer.cli import add_flags
 from jaxformer.compression import make_steps
 from jaxformer.config import COMPRESSION_FLAGS, XLA_GEMMS, XLA_OPT_LEVELS, TrainConfig
 from jaxformer.data import synthetic_batch, synthetic_packed_batch
-from jaxformer.hlo_analysis import analyze
+from jaxformer.hlo_analysis import COUNT_VERSION, analyze
 from jaxformer.plan.calibrate import measure_gemm_rate
 from jaxformer.plan.hardware import PROFILES
 from jaxformer.plan.validate import gpu_key
@@ -228,7 +228,8 @@ def record(path: str, result: dict, counts: dict | None) -> None:
     """Append `result` with the date, the commit and the HLO counts as one JSON line to `path`."""
     line = dict(result, date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit())
     if counts:
-        line.update(hlo_classes=counts["classes"], hlo_collectives=counts["collectives"])
+        line.update(hlo_classes=counts["classes"], hlo_collectives=counts["collectives"],
+                    hlo_count_version=COUNT_VERSION)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")

@@ -15,6 +15,9 @@ import dataclasses
 import math
 import re
 
+# Bumped when a class's flop or byte count changes: 2 counts a GEMM fused with its weight slice at 2mnk flop (1
+# counted its output's elements); `benchmarks/train_step.py --record` stores it with the counts
+COUNT_VERSION = 2
 CLASSES = ("contraction", "normalization", "elementwise", "collective", "other")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,

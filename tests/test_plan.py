@@ -67,6 +67,42 @@ def test_memory_within_8_percent_of_xla(compiled, name):
     assert abs(r.memory_error) < 0.08, (r.memory_model, r.memory_compiled)
 
 
+def test_tensor_backward_all_reduces_are_independent_of_their_weight_gradients(compiled):
+    """The overlap predict.py assumes for tensor parallelism, in the compiled tiny tensor=2 step: the forward
+    activation all-reduces have no contraction beside them; each backward input-gradient all-reduce has its block's
+    first weight gradient (FFN in, [D, F/tp]; QKV, [3D/tp, D]) among the contractions it neither feeds nor waits for."""
+    cfg = BertConfig.preset("tiny")
+    D, F, L = cfg.hidden_size, cfg.intermediate_size // 2, cfg.num_hidden_layers
+    act = f"f32[16,64,{D}]"
+    ars = [(shape, [s.split("{")[0] for s in ind])
+           for shape, ind in xla_check.independent_contractions(compiled["tensor"].hlo) if act in shape]
+    assert len(ars) == 1 + 4 * L  # the embedding lookup's, 2 per layer forward, 2 backward
+    assert all(not ind for _, ind in ars[:1 + 2 * L])
+    backward = ars[1 + 2 * L:]
+    for i, (_, ind) in enumerate(backward[:-1]):  # the last is combined with the scalar sums (the norm's)
+        done = i // 2 + 1  # layers whose blocks' gradients have been reached
+        dims = [tuple(sorted(int(x) for x in s[4:-1].split(","))) for s in ind if s.count(",") == 1]
+        if i % 2 == 0:
+            assert dims.count(tuple(sorted((D, F)))) == 2 * done  # FFN in and out weight gradients
+        else:
+            assert dims.count(tuple(sorted((3 * D // 2, D)))) == done  # QKV
+
+
+def test_tensor_backward_all_reduces_hide_behind_their_weight_gradients():
+    """Only the excess of each backward input-gradient all-reduce over its block's weight-gradient GEMM is charged."""
+    cfg = BertConfig.preset("large")
+    w, s, hw = Workload(cfg, 128, 64), Strategy(tp=2, kernels="pallas"), Hardware.make("h200")
+    D, F, L, t = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, 64 * 128
+    ar = hw.collective_time("all-reduce", t * D * 2, 2, 2)
+    qkv = hw.gemm_time(2 * t * D * 3 * D / 2, width=D)
+    ffn = hw.gemm_time(2 * t * D * F / 2, width=D)
+    p = predict(w, s, hw)
+    assert p.breakdown["comm_beside_gemm_s"] == pytest.approx(L * (min(ar, qkv) + min(ar, ffn)))
+    assert p.step_time_s == pytest.approx(p.compute_s + p.comm_s)
+    backward = [c for c in p.collectives if c.behind]
+    assert sum(c.count for c in backward) == 2 * L and {c.behind for c in backward} == {"qkv", "ffn_in"}
+
+
 def test_pipeline_tick_loop_bytes_and_memory_are_the_compiled_steps():
     """jaxformer's pipeline on a small config whose heads are small (the tick loop sets the peak): the bytes of the
     tick loop's own operators (those run once per tick, outside the inner layer scan) and the memory per device."""
@@ -90,6 +126,29 @@ def test_pipeline_tick_loop_bytes_and_memory_are_the_compiled_steps():
     compiled = (ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes
                 - ma.alias_size_in_bytes)
     assert memory(w, s, CPU).total == pytest.approx(compiled, rel=0.08)
+
+
+def test_pipeline_inner_scan_weight_bytes_are_the_compiled_steps():
+    """The bytes the pipeline's inner layer scan moves on weight-shaped buffers (operators run once per layer and
+    tick, besides the contractions): the compute copies forward and backward and the gradient written into the
+    stack. 192 tokens per microbatch, so no activation has a weight's shape."""
+    from jaxformer.hlo_analysis import analyze
+    from jaxformer.plan.predict import scan_weight_bytes
+    from jaxformer.plan.workload import CPU
+    cfg = BertConfig(vocab_size=1024, hidden_size=128, num_attention_heads=2, num_hidden_layers=4,
+                     intermediate_size=512, kernels="xla")
+    w, s = Workload(cfg, 32, 24), Strategy(pp=2, microbatches=4, kernels="xla")
+    k = cfg.num_hidden_layers // s.pp
+    ops = analyze(xla_check.compile_step(cfg, w.seq_len, w.global_batch, s).as_text()).ops
+    activation_dims = {w.seq_len, w.global_batch // s.microbatches, w.global_batch // s.microbatches * w.seq_len}
+
+    def weight_shaped(shape):
+        dims = [int(d) for d in shape[shape.index("[") + 1:shape.index("]")].split(",") if d]
+        return not activation_dims & set(dims) and math.prod(dims) >= cfg.hidden_size ** 2
+
+    inner = sum(op.bytes for op in ops if op.trips == s.ticks * k and op.cls not in ("contraction", "collective")
+                and "[" in op.shape and weight_shaped(op.shape))
+    assert scan_weight_bytes(w, s, CPU) == pytest.approx(inner, rel=0.02)
 
 
 def test_remat_scan_memory_is_the_compiled_steps():

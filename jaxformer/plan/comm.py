@@ -14,7 +14,8 @@ against `jaxformer.hlo_analysis` on 8 CPU devices, tests/test_plan.py):
   weight gradients then need no sum). Not modelled: fsdp combined with pipeline, or with data and tensor together,
   where the partitioner adds permutes of whole embedding shards and all-reduces of the MLM logits (tiny config:
   +47 MB of permutes on fsdp=2,pipeline=2; benchmarks/results/perfmodel.md, "Against the compiled train step").
-* tensor (Megatron): per layer two all-reduces of the B S D activations forward and two backward; the embedding
+* tensor (Megatron): per layer two all-reduces of the B S D activations forward and two backward (the input
+  gradients of the attention and FFN blocks, each independent of its block's first weight-gradient GEMM); the embedding
   lookup on the V-split table one forward; the vocabulary-parallel MLM loss three all-reduces and two all-gathers of
   one number per masked position and one all-reduce of the decoder's input gradient (B P D).
 * pipeline: per tick one collective-permute of a microbatch's B S D forward and two backward (the shift's
@@ -55,6 +56,7 @@ class Collective:
     overlap: bool = False  # may hide behind the layers' compute (gradient and weight traffic of the batch axes)
     dtype_bytes: int = F32  # bytes per element
     layer: bool = False  # a stacked layer tensor's traffic (XLA sends it per layer trip)
+    behind: str = ""  # the layer GEMM whose weight gradient it runs beside (independent of it), if any
 
     @property
     def hlo_bytes(self) -> float:
@@ -152,7 +154,12 @@ def collectives(w: Workload, s: Strategy, backend: Backend = GPU) -> list[Collec
                            layer_passes * (2 * passes + 5)))
             add(Collective("attention layouts", "all-to-all", act, "tensor", s.tp, layer_passes * 2))
         else:
-            add(Collective("layer activations", "all-reduce", act, "tensor", s.tp, layer_passes * (2 * passes + 2)))
+            add(Collective("layer activations", "all-reduce", act, "tensor", s.tp, layer_passes * 2 * passes))
+            # backward: each block's input-gradient sum waits for its first GEMM's input gradient only, so the
+            # same GEMM's weight gradient may run beside it (predict.py: only the excess is charged)
+            add(Collective("attention input gradient", "all-reduce", act, "tensor", s.tp, layer_passes,
+                           behind="qkv"))
+            add(Collective("FFN input gradient", "all-reduce", act, "tensor", s.tp, layer_passes, behind="ffn_in"))
         add(Collective("embedding lookup", "all-reduce", b * S * D * F32, "tensor", s.tp))
         add(Collective("MLM decoder input gradient", "all-reduce", b * P * D * F32, "tensor", s.tp))
         add(Collective("vocab-parallel loss", "all-reduce", b * P * F32, "tensor", s.tp, 3))

@@ -10,15 +10,19 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
   local batch; a pipeline runs r m + p - 1 ticks of L/(p r) layers on one microbatch, its p - 1 bubble ticks on
   filler data (jaxformer/pipeline.py), so the bubble is part of the layer time (a Megatron-style stage idles there
   instead: the same time). jaxformer's tick loop also moves its stacked residuals and its float32 gradient
-  accumulator through memory on every tick (`tick_loop_bytes`, counted from the compiled program:
-  `pipeline_overhead`).
+  accumulator through memory on every tick (`tick_loop_bytes`), and its inner layer scan copies each layer's
+  weights and writes its gradient on every layer pass (`scan_weight_bytes`), both counted from the compiled program
+  (`pipeline_overhead`).
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
   overlapped in this XLA (benchmarks/results/distributed-2xh200.md, "Data parallelism: where the remaining time
   goes": the async pair is made synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire ("The
-  meshes now": 42.22 against 42.40 ms), so its gathers and reduce-scatters are counted exposed too; tensor-parallel
-  all-reduces and pipeline shifts sit on the critical path by construction. `overlap_grads=True` assumes instead
-  that the batch axes' gradient and weight traffic hides behind the layers' compute (as PyTorch DDP/FSDP bucketing
-  achieves), exposed only beyond it.
+  meshes now": 42.22 against 42.40 ms), so its gathers and reduce-scatters are counted exposed too; pipeline
+  shifts and tensor parallelism's forward all-reduces sit on the critical path by construction. Tensor
+  parallelism's backward all-reduces are assumed to overlap: each block's (attention, FFN) input-gradient sum
+  depends on its first GEMM's input gradient, not on that GEMM's weight gradient (checked in XLA's compiled CPU
+  step, tests/test_plan.py), so it runs beside the weight-gradient GEMM and only its excess over that GEMM is
+  charged. `overlap_grads=True` assumes that the batch axes' gradient and weight traffic hides behind the layers'
+  compute (as PyTorch DDP/FSDP bucketing achieves), exposed only beyond it.
 """
 
 from __future__ import annotations
@@ -100,6 +104,23 @@ def tick_loop_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
     grads = local_params(cfg, s, "layer") * TICK_GRAD_BYTES * s.ticks
     state = s.ticks * 6 * bm * w.seq_len * cfg.hidden_size * backend.compute_bytes
     return (2 * TICK_RESIDUAL_PASSES + TICK_STACK_OUTSIDE) * residuals + grads + state
+
+
+# Inside a tick, the inner layer scan moves each layer weight through memory three more times per layer pass (the
+# operators XLA runs once per layer and tick on weight-shaped buffers, tests/test_plan.py): its compute-dtype copy
+# is made forward and again backward (read float32, write the compute dtype), and its float32 gradient is written
+# into the chunk's stacked gradient (read, write). The plain layer loop fuses the slices into the GEMMs and makes the
+# compute copy once per step.
+SCAN_WEIGHT_COPIES = 2
+SCAN_WEIGHT_GRAD_BYTES = 8
+
+
+def scan_weight_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
+    """Bytes per step the pipeline's inner layer scan moves on the layer weights (0 outside jaxformer's pipeline)."""
+    if not s.pipelined or s.megatron:
+        return 0.0
+    per_element = SCAN_WEIGHT_COPIES * (4 + backend.compute_bytes) + SCAN_WEIGHT_GRAD_BYTES
+    return s.ticks * local_params(w.model, s, "layer") * per_element  # ticks x k passes of W_stage / k each
 
 
 def tick_loop_bytes_inside(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
@@ -191,13 +212,15 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
 
     # -- one layer pass
     fwd_gemm = bwd_gemm = 0.0
+    weight_grad = {}  # one weight-gradient GEMM of each layer contraction, seconds
     for g in layer_gemms(cfg, tokens, batch, w.seq_len, s):
         if attention_in_kernel(g, s):
             t = g.flop / (hw.gemm_rate * flash_efficiency(w.seq_len))
             fwd_gemm, bwd_gemm = fwd_gemm + t, bwd_gemm + 2.5 * t  # flash backward: 5 matmuls for the forward's 2
         else:
-            fwd_gemm += hw.gemm_time(g.flop, width=cfg.hidden_size)
-            bwd_gemm += 2 * hw.gemm_time(g.flop, width=cfg.hidden_size)
+            weight_grad[g.name] = hw.gemm_time(g.flop, width=cfg.hidden_size)
+            fwd_gemm += weight_grad[g.name]
+            bwd_gemm += 2 * weight_grad[g.name]
     fb, bb = layer_bytes(w, s, e)
     alu = layer_alu_seconds(w, s, hw) * tokens
     fwd = fwd_gemm + hw.memory_time(fb * tokens) + alu / 3
@@ -205,7 +228,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     recompute = fwd if s.remat == "full" else 0.0
     layer_pass = fwd + bwd + recompute
     layers = passes * layer_pass
-    pipeline_overhead = hw.memory_time(tick_loop_bytes(w, s, backend))
+    pipeline_overhead = hw.memory_time(tick_loop_bytes(w, s, backend) + scan_weight_bytes(w, s, backend))
     bubble_s = layers * (s.pp - 1) / s.ticks if s.pipelined else 0.0
 
     # -- heads, embedding, optimizer (heads and embeddings replicated over pipeline stages)
@@ -229,9 +252,12 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
 
     # -- communication
     colls = _comm.collectives(w, s, backend)
-    hidden = exposed = 0.0
+    hidden = exposed = beside = 0.0
     for c, t in comm_times(colls, s, hw, cfg.num_hidden_layers):
-        if c.overlap and overlap_grads:
+        if c.behind:  # runs beside its block's weight-gradient GEMM: only the excess is exposed
+            excess = c.count * max(0.0, t / c.count - weight_grad.get(c.behind, 0.0))
+            exposed, beside = exposed + excess, beside + t - excess
+        elif c.overlap and overlap_grads:
             hidden += t
         else:
             exposed += t
@@ -245,6 +271,6 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
                       collectives=colls, notes=notes,
                       breakdown=dict(layers_s=layers, pipeline_overhead_s=pipeline_overhead, heads_s=heads,
                                      embedding_s=embedding, optimizer_s=optimizer, compression_s=compression,
-                                     comm_hidden_s=hidden,
+                                     comm_hidden_s=hidden, comm_beside_gemm_s=beside,
                                      layer_pass_s=layer_pass, layer_passes=passes))
     return pred

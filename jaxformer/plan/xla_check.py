@@ -56,6 +56,7 @@ class Check:
     comm_model: dict
     flop_compiled: float
     flop_model: float
+    hlo: str = dataclasses.field(default="", repr=False)  # the compiled step's HLO text
 
     @property
     def memory_error(self) -> float:
@@ -73,7 +74,62 @@ def check(cfg: BertConfig, seq: int, batch: int, s: Strategy) -> Check:
     return Check(w, s, compiled, memory(w, s, CPU).total,
                  {k: v["bytes"] for k, v in counts["collectives"].items()}, by_kind(collectives(w, s, CPU)),
                  counts["classes"]["contraction"]["flop"],
-                 sum(g.flop for g in step_gemms(w, s) if not attention_in_kernel(g, s)))
+                 sum(g.flop for g in step_gemms(w, s) if not attention_in_kernel(g, s)), c.as_text())
+
+
+def independent_contractions(hlo: str, kind: str = "all-reduce") -> list[tuple[str, list[str]]]:
+    """For each `kind` collective of the entry computation, in schedule order: its result shape and the result
+    shapes of the contractions (dots, or fusions that contain one) that neither feed it nor use its result, the
+    work it could overlap (tensor parallelism's backward all-reduces and the weight gradients beside them)."""
+    import re
+    comps, entry, cur = {}, None, None
+    for line in hlo.splitlines():
+        head = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head and not line.startswith(" "):
+            cur = head.group(2)
+            comps[cur] = []
+            entry = cur if head.group(1) else entry
+        elif line.startswith("}"):
+            cur = None
+        elif cur and line.strip():
+            comps[cur].append(re.sub(r"/\*.*?\*/", "", line.strip()))
+
+    def contains_dot(name, seen):
+        if name in seen or name not in comps:
+            return False
+        seen.add(name)
+        return any(re.search(r"\b(dot|convolution)\(", x) or any(
+            contains_dot(c, seen) for c in re.findall(r"calls=%([\w.\-]+)", x)) for x in comps[name])
+
+    instrs = {}  # name -> (shape, opcode, operands, contraction)
+    for x in comps[entry]:
+        m = re.match(r"(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*?)\)(?:, |$)", x)
+        if m:
+            name, shape, op, args = m.groups()
+            dot = op in ("dot", "convolution") or any(contains_dot(c, set())
+                                                       for c in re.findall(r"calls=%([\w.\-]+)", x))
+            instrs[name] = (shape, op, [o for o in re.findall(r"%([\w.\-]+)", args)], dot)
+    users = {n: [] for n in instrs}
+    for n, (_, _, ops, _) in instrs.items():
+        for o in ops:
+            if o in users:
+                users[o].append(n)
+
+    def reach(start, step):
+        seen, todo = set(), [start]
+        while todo:
+            for y in step(todo.pop()):
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+        return seen
+
+    out = []
+    for n, (shape, op, _, _) in instrs.items():
+        if op == kind:
+            linked = reach(n, lambda x: [o for o in instrs[x][2] if o in instrs]) | reach(n, users.__getitem__)
+            out.append((shape, [s_ for m_, (s_, _, _, d) in instrs.items() if d and m_ != n and m_ not in linked]))
+    return out
 
 
 def _custom(**fields) -> BertConfig:
