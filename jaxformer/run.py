@@ -165,12 +165,17 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+# How the parameters are stored (run.json's "params_format"; a record without it is format 1). 1: the QKV kernel as
+# (L, C, D, N, H); 2: as (L, D, C, N, H), the order its GEMMs read. `trainer.build_state` resumes format 1.
+PARAMS_FORMAT = 2
+
+
 def new_record(tc: TrainConfig, cfg: BertConfig, tokenizer: Path, corpus: list[list],
                mesh: MeshConfig | None = None) -> dict[str, Any]:
     """run.json of a new run: `tc` as `resolved`, the model config, the input's `corpus` (`run_data.identity`), the
     resolved `mesh` and one schedule piece (0, steps). (Only process 0 writes it, and only its copy of the tokenizer
     file is sure to be there.)"""
-    return dict(jaxformer_version=__version__, started=time.strftime("%Y-%m-%d %H:%M:%S"),
+    return dict(jaxformer_version=__version__, params_format=PARAMS_FORMAT, started=time.strftime("%Y-%m-%d %H:%M:%S"),
                 train_config=as_json(dataclasses.asdict(tc)), model_config=cfg.to_dict(),
                 tokenizer_sha256=file_digest(tokenizer) if distributed.is_main() else None, corpus=as_json(corpus),
                 schedule=[[0, tc.steps]], **({"mesh": mesh.spec()} if mesh is not None else {}))
@@ -238,7 +243,8 @@ def resumed_record(record: dict[str, Any], tc: TrainConfig, pieces: list[list[in
     so that a plain `--resume` goes on with them, and the schedule's `pieces` (steps: their total)."""
     now = as_json(dataclasses.asdict(resolved(tc)))
     config = dict(record["train_config"], **{k: now[k] for k in KEPT}, steps=pieces[-1][1])
-    return dict(record, train_config=config, schedule=pieces, **({"mesh": mesh.spec()} if mesh is not None else {}))
+    return dict(record, train_config=config, schedule=pieces, params_format=PARAMS_FORMAT,
+                **({"mesh": mesh.spec()} if mesh is not None else {}))
 
 
 def compression_changes(record: dict[str, Any], tc: TrainConfig, mesh: MeshConfig | None) -> list[str]:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from . import distributed, loop, run, run_data, sharding
 from .compression import make_steps
@@ -129,7 +131,8 @@ def _train(tc: TrainConfig, out: Path, record: dict | None, interrupts: "loop.In
         # The loader first: its worker processes start while the model is built and compiled.
         block = distributed.batch_block(sharding.batch_sharding(sharding.make_mesh(mesh_cfg)), tc.batch_size)
         batches = run_data.train_batches(tc, data, block, ckpt, at, log)
-        steps, state, start = build_state(cfg, mesh_cfg, tc, ckpt if tc.resume else None, pieces, log)
+        steps, state, start = build_state(cfg, mesh_cfg, tc, ckpt if tc.resume else None, pieces, log,
+                                          record.get("params_format", 1))
         if (start, steps.batch_block) != (at, block):  # an older checkpoint restored (the newest was damaged)
             batches.close()
             batches = run_data.train_batches(tc, data, steps.batch_block, ckpt, start, log)
@@ -157,10 +160,12 @@ def load_data(tc: TrainConfig, out: Path, log: Callable = print) -> PreparedSet:
 
 
 def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Checkpointer | None = None,
-                pieces: list[list[int]] | None = None, log: Callable = print) -> tuple[Steps, TrainState, int]:
+                pieces: list[list[int]] | None = None, log: Callable = print,
+                params_format: int = run.PARAMS_FORMAT) -> tuple[Steps, TrainState, int]:
     """The compiled steps of the model on the mesh, the train state placed there and its step: initialised from
-    `tc.seed` (step 0), or, with a `ckpt`, restored from its newest checkpoint that verifies. `pieces`: the
-    learning-rate schedule's (jaxformer/run.py; default one piece of `tc.steps`)."""
+    `tc.seed` (step 0), or, with a `ckpt`, restored from its newest checkpoint that verifies (stored in
+    `params_format`: run.PARAMS_FORMAT's, or 1, converted). `pieces`: the learning-rate schedule's
+    (jaxformer/run.py; default one piece of `tc.steps`)."""
     pieces = pieces or [[0, tc.steps]]
     mesh = sharding.make_mesh(mesh_cfg)
     model = build_model(cfg, tc.seed, abstract=True)  # shapes: the state is computed (or restored) in place below
@@ -171,7 +176,13 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
     if ckpt is None:
         start, state = 0, steps.initial_state(tc.seed)
     else:
-        start, state = ckpt.restore_newest(steps.abstract_state(tc.seed), log)
+        like = steps.abstract_state(tc.seed)
+        if params_format == 1:
+            start, state = ckpt.restore_newest(_swap_qkv(like), log)
+            state = jax.jit(_swap_qkv, out_shardings=steps.state_shardings)(state)
+            log("converted the checkpoint's QKV kernel from the (L, C, D, N, H) order of earlier versions")
+        else:
+            start, state = ckpt.restore_newest(like, log)
         log(f"resumed from {ckpt.directory / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, "
@@ -181,6 +192,26 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
         + ("" if tc.grad_compression == "none" else f"; gradients over data: {tc.grad_compression}, density "
            f"{tc.density}"))
     return steps, state, start
+
+
+def _swap_qkv(state):
+    """`state` with the C and D axes of every QKV-kernel array swapped (parameter, moments, compression residuals:
+    (..., C, D, N, H) <-> (..., D, C, N, H)); shapes (jax.ShapeDtypeStruct, with their shardings) or arrays."""
+    def swap(path, x):
+        if not any(getattr(k, "key", None) == "qkv_kernel" for k in path) or len(x.shape) < 4 \
+                or 3 not in x.shape[-4:-2]:  # not an array of the kernel's layout (a per-tensor statistic)
+            return x
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return jnp.swapaxes(x, -4, -3)
+        shape = list(x.shape)
+        shape[-4], shape[-3] = shape[-3], shape[-4]
+        sharding = x.sharding
+        if isinstance(sharding, NamedSharding):
+            spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+            spec[-4], spec[-3] = spec[-3], spec[-4]
+            sharding = NamedSharding(sharding.mesh, PartitionSpec(*spec))
+        return jax.ShapeDtypeStruct(tuple(shape), x.dtype, sharding=sharding)
+    return jax.tree_util.tree_map_with_path(swap, state)
 
 
 def _quiet(*args, **kwargs) -> None:

@@ -274,3 +274,29 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
     acc.Reload()
     assert acc.Tags()["scalars"] == ["loss"]
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
+
+
+def test_a_checkpoint_with_the_earlier_qkv_order_resumes(tmp_path):
+    """Checkpoints of runs whose run.json has no params_format (format 1) hold the QKV kernel and its moments as
+    (L, C, D, N, H): a resume restores them in that order and converts them, shardings included."""
+    from jaxformer import sharding
+    from jaxformer.config import TrainConfig
+    from jaxformer.outputs import Checkpointer
+    from jaxformer.trainer import _swap_qkv, build_state
+    tc = TrainConfig(config="tiny", batch_size=8, seq_len=32, steps=4, warmup_steps=1, mesh="data=2,fsdp=2,tensor=2")
+    cfg = tc.model_config(64)
+    mesh_cfg = sharding.validate(tc.mesh, cfg, tc)
+    _, state, _ = build_state(cfg, mesh_cfg, tc, log=lambda *a: None)
+    earlier = jax.jit(_swap_qkv)(state)
+    qkv = state.params["encoder"]["layers"]["attention"]["qkv_kernel"]
+    assert earlier.params["encoder"]["layers"]["attention"]["qkv_kernel"].shape == (2, 3, 128, 2, 64) \
+        and qkv.shape == (2, 128, 3, 2, 64)
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    try:
+        ckpt.save(2, earlier, {})
+        _, restored, start = build_state(cfg, mesh_cfg, tc, ckpt, log=lambda *a: None, params_format=1)
+    finally:
+        ckpt.close()
+    assert start == 2
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+        assert a.shape == b.shape and a.sharding == b.sharding and np.array_equal(np.asarray(a), np.asarray(b))
