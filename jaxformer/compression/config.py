@@ -49,7 +49,7 @@ class CompressionConfig:
       gradient, then the optimizer's second moment is frozen (`make_optimizer`: AdamW's or LAMB's) and the compressed
       exchange (after any `warmup_steps` levels) starts. A frozen second moment makes the update linear in the
       exchanged gradient, so what error feedback delays still moves the parameters as far; an adaptive one divides
-      each coordinate's bursts down (compression.md, Convergence). Then `clip_norm` is the trainer's `--clip-norm`:
+      each coordinate's bursts down (docs/compression.md, With Adam). Then `clip_norm` is the trainer's `--clip-norm`:
       clipping moves before the exchange, where error feedback sees it. 0: off.
     * `sample_fraction`: the sample per row for "sampled" (at least enough for about 60 sampled candidates).
     * `refresh_every`: "reused" recomputes the exact threshold every this many steps (Ok-Topk: 128).
