@@ -108,7 +108,7 @@ def bytes_table(a) -> None:
                 step = steps.train_step
             else:
                 steps = CompressedSteps(model, make_optimizer(tc), tc, mesh, comp)
-                step = steps.train_step.at(comp.warmup_steps)
+                step = steps.train_step.at(comp.steady_step)
             state = _abstract(steps, lambda: steps.init_state(model, 0))
             hlo = step.compile(state, _batch(steps, tc, cfg)).as_text()
             ops = collective_bytes(hlo, mesh.size)
@@ -152,6 +152,8 @@ def _run_metrics(out: str) -> dict:
     tc = json.loads((Path(out) / "run.json").read_text())["train_config"]
     label = "dense" if tc.get("grad_compression", "none") == "none" else \
         f"{tc['grad_compression']} {tc['density']:g}"
+    if tc.get("compression_freeze_variance_after"):
+        label += f", frozen variance after {tc['compression_freeze_variance_after']}"
     if tc.get("compression_warmup_steps"):
         label += f", warm-up {tc['compression_warmup_steps']}"
     if tc.get("clip_norm") == 0:

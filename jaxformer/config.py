@@ -267,7 +267,8 @@ GRAD_COMPRESSIONS = {"none": None, "topk-allgather": "allgather", "topk-balanced
 COMPRESSION_SELECTIONS = ("exact", "sampled", "reused")  # compression.config.SELECTIONS (that package imports this one)
 # TrainConfig field -> the CompressionConfig option it sets.
 COMPRESSION_FIELDS = {"density": "density", "compression_selection": "selection",
-                      "compression_warmup_steps": "warmup_steps", "compression_min_size": "min_size"}
+                      "compression_warmup_steps": "warmup_steps", "compression_min_size": "min_size",
+                      "compression_freeze_variance_after": "freeze_variance_after"}
 COMPRESSION_FLAGS = ("grad_compression", *COMPRESSION_FIELDS)  # the fields the tools that build a step share
 DEFAULT_VOCAB_SIZE = 4096  # of a tokenizer trained on the corpus
 DEFAULT_COMPILE_CACHE = "~/.cache/jaxformer/xla"  # TrainConfig.compile_cache when $JAX_COMPILATION_CACHE_DIR is unset
@@ -416,6 +417,10 @@ class TrainConfig:
                                          "own step)")
     compression_min_size: int = flag(16384, "compression", "tensors (per layer for the encoder's) with fewer entries "
                                      "than this are sent whole; fixed for a run with compression")
+    compression_freeze_variance_after: int = flag(0, "compression", "1-bit Adam: all-reduce the dense gradient for "
+                                                  "this many steps, then freeze the optimizer's second moment and "
+                                                  "compress; --clip-norm then clips each rank's gradient before the "
+                                                  "exchange (0: off, the second moment stays adaptive)")
 
     def __post_init__(self):
         if isinstance(self.data, (list, str)):
@@ -504,7 +509,9 @@ class TrainConfig:
             except ValueError as e:  # its message starts "<option>=<value>": name this config's field instead
                 raise ValueError(f"{field}={str(e)[len(option) + 1:]}") from None
             options[option] = value
-        config = CompressionConfig(exchange=exchange or "balanced", seed=self.seed, **options)
+        # With a frozen second moment the update is linear in the exchanged sum: the clip moves before the exchange.
+        clip = (self.clip_norm or None) if options["freeze_variance_after"] else None
+        config = CompressionConfig(exchange=exchange or "balanced", seed=self.seed, clip_norm=clip, **options)
         return config if exchange is not None else None
 
     def model_config(self, vocab_size: int) -> BertConfig:

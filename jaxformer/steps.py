@@ -66,8 +66,18 @@ def _decay_mask(params):
 
 def make_optimizer(tc: TrainConfig, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
     """AdamW or LAMB (BERT's hyper-parameters) after clipping by global norm, on `schedule` (default: the run's
-    warm-up and decay, `learning_rate_schedule`)."""
+    warm-up and decay, `learning_rate_schedule`). With `compression_freeze_variance_after` (and compression on) the
+    second moment is frozen after those steps and the clip is the compression's, before the exchange."""
     schedule = learning_rate_schedule(tc) if schedule is None else schedule
+    compression = tc.compression_config()
+    freeze = compression.freeze_variance_after if compression is not None else 0
+    if freeze:  # 1-bit Adam: the second moment frozen after the dense steps; the clip is before the exchange
+        from .compression.frozen import scale_by_adam_frozen_variance
+        trust = (optax.scale_by_trust_ratio(),) if tc.optimizer == "lamb" else ()
+        opt = optax.chain(scale_by_adam_frozen_variance(0.9, 0.999, 1e-6, freeze),
+                          optax.add_decayed_weights(tc.weight_decay, _decay_mask), *trust,
+                          optax.scale_by_learning_rate(schedule))
+        return optax.chain(optax.clip_by_global_norm(float("inf")), opt)
     if tc.optimizer == "adamw":
         opt = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=tc.weight_decay, mask=_decay_mask)
     else:

@@ -9,6 +9,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -37,6 +38,8 @@ def heavy(key, shape):
     ("momentum", 1.0, "momentum=1.0"), ("clip_norm", 0.0, "clip_norm=0.0"), ("min_size", 0, "min_size=0"),
     ("warmup_steps", -1, "warmup_steps=-1"), ("send_slack", 0.5, "send_slack=0.5"),
     ("refresh_every", 0, "refresh_every=0"), ("sample_fraction", 0.0, "sample_fraction=0.0"),
+    ("freeze_variance_after", -1, "freeze_variance_after=-1"), ("freeze_variance_after", 2.5,
+                                                                 "freeze_variance_after=2.5"),
 ])
 def test_options_name_field_and_value(field, value, named):
     with pytest.raises(ValueError, match=re.escape(named)):
@@ -61,6 +64,50 @@ def test_warm_up_levels_quarter_the_density_down_to_the_target():
     assert cfg.levels() == ((0, 0.25), (25, 0.0625), (50, 0.015625), (75, 0.00390625), (100, 0.001))
     assert cfg.density_at(0) == 0.25 and cfg.density_at(74) == 0.015625 and cfg.density_at(10 ** 6) == 0.001
     assert CompressionConfig(density=0.01).levels() == ((0, 0.01),)
+
+
+def test_a_frozen_variance_starts_with_a_dense_level():
+    cfg = CompressionConfig(density=0.01, freeze_variance_after=50)
+    assert cfg.levels() == ((0, 1.0), (50, 0.01)) and cfg.steady_step == 50
+    warm = cfg.replace(warmup_steps=10)
+    assert warm.levels() == ((0, 1.0), (50, 0.25), (53, 0.0625), (56, 0.015625), (60, 0.01))
+    assert warm.steady_step == 60
+    with pytest.raises(ValueError, match="momentum=0.9 with freeze_variance_after=50"):
+        cfg.replace(momentum=0.9)
+
+
+def test_frozen_variance_adam_is_adam_then_linear_in_the_gradient():
+    """The first updates are optax's Adam exactly; after the freeze a gradient delivered in one burst (error
+    feedback's way: a coordinate's residual once every few steps) moves the parameters as far as the same gradient
+    spread over those steps, where Adam's adaptive second moment divides the burst down."""
+    from jaxformer.compression.frozen import scale_by_adam_frozen_variance
+    rng = np.random.default_rng(0)
+    # 100 steps: the first moment's bias correction (1 - 0.9^t) is 1 by then, so only the second moment matters.
+    warm = [{"w": jnp.asarray(rng.normal(size=64), jnp.float32)} for _ in range(100)]
+    frozen, adam = scale_by_adam_frozen_variance(0.9, 0.999, 1e-6, 100), optax.scale_by_adam(0.9, 0.999, 1e-6)
+    sf, sa = frozen.init(warm[0]), adam.init(warm[0])
+    for g in warm:
+        uf, sf = jax.jit(frozen.update)(g, sf)
+        ua, sa = jax.jit(adam.update)(g, sa)
+        np.testing.assert_array_equal(uf["w"], ua["w"])
+
+    def movement(opt, state, grads):
+        total, update = 0.0, jax.jit(opt.update)
+        for g in grads + [{"w": jnp.zeros(64)}] * 200:  # until the first moment has decayed
+            u, state = update(g, state)
+            total = total + u["w"]
+        return np.asarray(total), state
+
+    g = {"w": jnp.asarray(rng.normal(size=64), jnp.float32)}
+    spread = [g] * 200  # 20 periods of 10 steps: each step's gradient, or the period's sum on its first step
+    burst = ([jax.tree.map(lambda x: 10 * x, g)] + [{"w": jnp.zeros(64)}] * 9) * 20
+    a, end = movement(frozen, sf, spread)
+    b, _ = movement(frozen, sf, burst)
+    np.testing.assert_allclose(b, a, rtol=1e-4)
+    np.testing.assert_array_equal(end.nu["w"], sf.nu["w"])  # frozen
+    a, _ = movement(adam, sa, spread)
+    b, _ = movement(adam, sa, burst)
+    assert np.median(np.abs(b) / np.abs(a)) < 0.6  # the adaptive second moment loses much of the bursts
 
 
 def test_levels_pick_the_step_of_the_step_count():
@@ -432,6 +479,30 @@ def test_checkpoint_round_trip_gives_identical_next_steps(tmp_path):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
     assert np.any(np.asarray(a.opt_state[0].thresholds) > 0)  # the reused thresholds travelled too
+
+
+def test_frozen_variance_runs_dense_steps_then_compressed_ones_with_the_second_moment_fixed():
+    """`compression_freeze_variance_after=2`: steps 1-2 all-reduce the dense gradient (the dense step's parameters,
+    no residual), step 3 is compressed (a residual) and leaves Adam's second moment as step 2 left it."""
+    tc = dataclasses.replace(TC, grad_compression="topk-balanced", density=0.1, compression_min_size=1024,
+                             compression_freeze_variance_after=2, clip_norm=0.0)
+    model, _ = _model()
+    mesh = sharding.make_mesh("data=2", jax.devices()[:2])
+    dense = Steps(model, make_optimizer(tc), tc, mesh)
+    comp = CompressedSteps(model, make_optimizer(tc), tc, mesh, tc.compression_config())
+    a = dense.place(jax.device_get(dense.init_state(model, 0)))
+    b = comp.place(jax.device_get(comp.init_state(model, 0)))
+    for batch in BATCHES[:2]:
+        a, _ = dense.train_step(a, dense.place_batch(batch))
+        b, _ = comp.train_step(b, comp.place_batch(batch))
+    _params_close(b.params, jax.device_get(a.params), rtol=1e-5, atol=1e-7)
+    assert all(np.all(np.asarray(r) == 0) for r in jax.tree.leaves(b.opt_state[0].residual))
+    nu = jax.device_get(b.opt_state[1][1][0].nu)
+    b, _ = comp.train_step(b, comp.place_batch(BATCHES[2]))
+    assert any(np.any(np.asarray(r) != 0) for r in jax.tree.leaves(b.opt_state[0].residual))
+    for x, y in zip(jax.tree.leaves(jax.device_get(b.opt_state[1][1][0].nu)), jax.tree.leaves(nu)):
+        np.testing.assert_array_equal(x, y)
+    assert int(b.opt_state[1][1][0].count) == 3
 
 
 def test_pallas_kernels_inside_the_manual_data_axis_are_checked():

@@ -49,6 +49,7 @@ def compressed(corpus, tmp_path_factory):
     (["--density", "nan"], ["density=nan"]),
     (["--compression-min-size", "0"], ["compression_min_size=0"]),
     (["--compression-warmup-steps", "-1"], ["compression_warmup_steps=-1"]),
+    (["--compression-freeze-variance-after", "-5"], ["compression_freeze_variance_after=-5"]),
     (["--grad-compression", "topk-allgather", "--mesh", "fsdp=-1"],
      ["grad_compression='topk-allgather'", "data=1,fsdp=8", "more than one device"]),
     (["--grad-compression", "topk-balanced", "--mesh", "data=1,tensor=2,fsdp=4"],
@@ -93,6 +94,23 @@ def test_a_compressed_run_resumes_exactly(corpus, compressed, tmp_path, monkeypa
     assert "all-to-all" in hlo and "all-gather" in hlo
 
 
+def test_a_frozen_variance_run_resumes_exactly(corpus, tmp_path, monkeypatch):
+    """Two dense steps, then compressed ones with Adam's second moment frozen: stopped after step 4 and resumed, the
+    uninterrupted run's metrics and final state, bit for bit."""
+    from jaxformer import loop
+    frozen = [*COMPRESSED, "--compression-freeze-variance-after", "2"]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert cli.main(args(corpus, whole, *frozen)) == 0
+    with monkeypatch.context() as m:
+        m.setattr(loop, "_stop_agreed", lambda requested, s, tc: s == 4)
+        assert cli.main(args(corpus, out, *frozen)) == 130
+    assert cli.main(["--out", str(out), "--resume"]) == 0
+    assert records(out) == records(whole)
+    assert final_checksum(out, 6) == final_checksum(whole, 6)
+    steps = [r for r in metrics(whole) if "loss" in r]
+    assert [r["compression_selected"] > 0 for r in steps] == [False, False, True, True, True, True]
+
+
 def test_resume_refuses_what_the_compressed_state_cannot_follow(corpus, compressed, tmp_path, capsys):
     resume = ["--out", str(compressed), "--resume", "--steps", "8"]
     for flags, needle in [
@@ -131,6 +149,11 @@ def test_train_config_builds_the_compression_config():
     assert (cfg.exchange, cfg.density, cfg.selection, cfg.warmup_steps, cfg.min_size, cfg.seed) == \
         ("allgather", 0.001, "sampled", 10, 4096, 3)
     assert TrainConfig(grad_compression="topk-balanced").compression_config().exchange == "balanced"
+    # A frozen second moment moves --clip-norm before the exchange (local clipping); adaptive, it clips the sum.
+    assert TrainConfig(grad_compression="topk-balanced").compression_config().clip_norm is None
+    frozen = TrainConfig(grad_compression="topk-balanced", compression_freeze_variance_after=5, clip_norm=2.0)
+    assert (frozen.compression_config().freeze_variance_after, frozen.compression_config().clip_norm) == (5, 2.0)
+    assert dataclasses.replace(frozen, clip_norm=0.0).compression_config().clip_norm is None
 
 
 def test_hlo_report_counts_the_compressed_exchange(capsys):

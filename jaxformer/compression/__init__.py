@@ -9,6 +9,7 @@
 * `format.py`: the compact sparse format (wire-dtype values, 16-bit block offsets, per-block counts).
 * `exchange.py`: the flat index space of a device's shards; the all-gather and balanced (Ok-Topk) exchanges.
 * `transform.py`: `sparse_allreduce`, the optax transform with error feedback, momentum correction, local clipping.
+* `frozen.py`: Adam's scaling with its second moment frozen after the dense steps (1-bit Adam; `make_optimizer`).
 * `steps.py`: `CompressedSteps`, the train step with per-rank gradients inside a shard_map over `data`;
   `make_steps`, the dense or the compressed steps as a `TrainConfig`'s `grad_compression` says.
 

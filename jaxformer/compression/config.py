@@ -45,6 +45,12 @@ class CompressionConfig:
       `clip_norm / sqrt(ranks)` before accumulating it (None: off).
     * `warmup_steps`: DGC's density warm-up: the steps before `density` is reached, split evenly among the levels
       `warmup_start`, `warmup_start / 4`, ... above `density`; each level is its own compiled step.
+    * `freeze_variance_after`: 1-bit Adam's dense warm-up: the first this many steps all-reduce the dense
+      gradient, then the optimizer's second moment is frozen (`make_optimizer`: AdamW's or LAMB's) and the compressed
+      exchange (after any `warmup_steps` levels) starts. A frozen second moment makes the update linear in the
+      exchanged gradient, so what error feedback delays still moves the parameters as far; an adaptive one divides
+      each coordinate's bursts down (docs/compression.md, With Adam). Then `clip_norm` is the trainer's `--clip-norm`:
+      clipping moves before the exchange, where error feedback sees it. 0: off.
     * `sample_fraction`: the sample per row for "sampled" (at least enough for about 60 sampled candidates).
     * `refresh_every`: "reused" recomputes the exact threshold every this many steps (Ok-Topk: 128).
     * `rebalance_every`: "balanced" moves the region boundaries to the ranks' mean index quantiles every this many
@@ -66,6 +72,7 @@ class CompressionConfig:
     clip_norm: float | None = None
     warmup_steps: int = 0
     warmup_start: float = 0.25
+    freeze_variance_after: int = 0
     sample_fraction: float = 0.01
     refresh_every: int = 128
     rebalance_every: int = 1
@@ -88,6 +95,10 @@ class CompressionConfig:
             _number("clip_norm", self.clip_norm, 0.0, math.inf, low_open=True, high_open=True)
         _count("warmup_steps", self.warmup_steps, 0)
         _number("warmup_start", self.warmup_start, 0.0, 1.0, low_open=True)
+        _count("freeze_variance_after", self.freeze_variance_after, 0)
+        if self.freeze_variance_after and self.momentum:
+            raise ValueError(f"momentum={self.momentum!r} with freeze_variance_after="
+                             f"{self.freeze_variance_after!r}: a frozen-variance Adam has momentum of its own")
         _number("sample_fraction", self.sample_fraction, 0.0, 1.0, low_open=True)
         _count("refresh_every", self.refresh_every, 1)
         _count("rebalance_every", self.rebalance_every, 1)
@@ -98,16 +109,24 @@ class CompressionConfig:
         _count("seed", self.seed, 0)
 
     def levels(self) -> tuple[tuple[int, float], ...]:
-        """((first step, density), ...): the warm-up levels and then `density`, from step 0."""
+        """((first step, density), ...) from step 0: a dense level (density 1) for `freeze_variance_after` steps,
+        then the warm-up levels, then `density`."""
         warm = []
         d = self.warmup_start
         while self.warmup_steps and d > self.density * (1 + 1e-9):
             warm.append(d)
             d /= 4
+        dense = ((0, 1.0),) if self.freeze_variance_after else ()
+        start = self.freeze_variance_after
         if not warm:
-            return ((0, self.density),)
-        starts = [i * self.warmup_steps // len(warm) for i in range(len(warm))]
-        return tuple(zip(starts, warm)) + ((self.warmup_steps, self.density),)
+            return dense + ((start, self.density),)
+        starts = [start + i * self.warmup_steps // len(warm) for i in range(len(warm))]
+        return dense + tuple(zip(starts, warm)) + ((start + self.warmup_steps, self.density),)
+
+    @property
+    def steady_step(self) -> int:
+        """The first step at `density` (after the dense and the warm-up levels)."""
+        return self.levels()[-1][0]
 
     def density_at(self, step: int) -> float:
         """The density of step `step` (0-based) under the warm-up."""

@@ -205,5 +205,5 @@ def steady_train_step(steps: Steps) -> _Traced:
     """The train step after any density warm-up (the one to compile from abstract shapes: `_Levels` reads the step
     count of a concrete state)."""
     train = steps.train_step
-    return train.at(steps.compression.warmup_steps) if isinstance(train, _Levels) else train
+    return train.at(steps.compression.steady_step) if isinstance(train, _Levels) else train
 
