@@ -75,11 +75,6 @@ def collective_bytes(hlo: str, devices: int) -> list[dict]:
     return out
 
 
-def _abstract(steps, state_fn):
-    shapes = jax.eval_shape(state_fn)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, steps.state_shardings)
-
-
 def _batch(steps, tc, cfg):
     from jaxformer.data import synthetic_batch
     b = synthetic_batch(cfg.vocab_size, tc.batch_size, tc.seq_len, max(1, round(0.15 * tc.seq_len)))
@@ -109,7 +104,7 @@ def bytes_table(a) -> None:
             else:
                 steps = CompressedSteps(model, make_optimizer(tc), tc, mesh, comp)
                 step = steps.train_step.at(comp.steady_step)
-            state = _abstract(steps, lambda: steps.init_state(model, 0))
+            state = steps.abstract_state(0)
             hlo = step.compile(state, _batch(steps, tc, cfg)).as_text()
             ops = collective_bytes(hlo, mesh.size)
             row = dict(config=config, mesh=sharding.describe(mesh), exchange=name, density=density,
