@@ -229,6 +229,11 @@ def _dims(attrs: str, key: str) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------- counting
+def _is_gemm(target: str) -> bool:
+    """Whether a custom call's target (or several, joined) is a GEMM library call (cuBLAS, cuBLASLt)."""
+    return any(w in target.lower() for w in ("cublas", "gemm", "matmul"))
+
+
 class _Analyzer:
     def __init__(self, text: str):
         self.comps, self.entry = parse_module(text)
@@ -262,7 +267,7 @@ class _Analyzer:
         for ins in self.comps.get(comp, []):
             ops.add(ins.opcode)
             target = (_attr(ins.attrs, "custom_call_target") or "") if ins.opcode == "custom-call" else ""
-            if ins.opcode in ("dot", "convolution") or "cublas" in target or "gemm" in target:
+            if ins.opcode in ("dot", "convolution") or _is_gemm(target):
                 # a GEMM call inside a fusion (cuBLAS on a dynamic slice of the stacked weights) is a contraction
                 flop += self.dot_flop(ins, comp)
             elif ins.opcode in ("reduce", "reduce-window"):
@@ -335,7 +340,7 @@ class _Analyzer:
             # compiled IR there, whose bytes would match any keyword)
             op_name = re.search(r'op_name="([^"]*)"', ins.attrs)
             label = (target + " " + ins.name + " " + (op_name.group(1) if op_name else "")).lower()
-            if "cublas" in target or "gemm" in target or "matmul" in target:
+            if _is_gemm(target):
                 return "contraction", self.dot_flop(ins, comp), target
             if "cudnn" in target and "conv" in target:
                 return "contraction", 0.0, target
@@ -348,7 +353,7 @@ class _Analyzer:
             called_name = _attr(ins.attrs, "calls") or ""
             ops, flop = self.body_cost(called_name)
             targets = " ".join(o for o in ops if o.startswith("custom-call:")).lower()
-            if ops & {"dot", "convolution"} or "cublas" in targets:
+            if ops & {"dot", "convolution"} or _is_gemm(targets):
                 return "contraction", flop, ""
             # A kernel fused with the slicing of its operands (a Pallas call on one layer's slice of the stacked
             # weights: XLA's dynamic-slice fusion) is what the kernel computes, not elementwise work.
