@@ -395,8 +395,8 @@ class TrainConfig:
                               "data or fsdp > 1 (measured faster there), JAX's default otherwise",
                               choices=XLA_OPT_LEVELS)
     xla_gemm: str = flag("auto", "performance", "who runs the GEMMs on a GPU: xla (XLA's choice per GEMM, Triton or "
-                         "cuBLAS), cublas (XLA's Triton GEMMs off); auto: cublas on one device (measured faster "
-                         "with the kernels, equal without), xla on a mesh of several devices", choices=XLA_GEMMS)
+                         "cuBLAS), cublas (XLA's Triton GEMMs off); auto: cublas (measured faster with the "
+                         "kernels on one device and on data and tensor meshes, equal elsewhere)", choices=XLA_GEMMS)
 
     # -- gradient compression (over the data axis; jaxformer/compression, docs/compression.md). On or off is fixed
     # for a run and so are `compression_min_size` and the mesh while it is on (the optimizer state's shapes follow

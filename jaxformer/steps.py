@@ -27,10 +27,10 @@ from .model import BertForPreTraining
 from .pipeline import Pipeline
 
 
-# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options). One device: cuBLAS only, faster with the Pallas
-# kernels and equal without; several devices: XLA's own choice, cuBLAS only not measured faster on a mesh
-# (benchmarks/results/train-h200.md, `--xla-gemm auto`).
-AUTO_XLA_GEMM = {"one device": "cublas", "several devices": "xla"}
+# What `xla_gemm="auto"` means on a GPU (Steps.compiler_options): cuBLAS only. Faster than XLA's per-GEMM choice with
+# the Pallas kernels on one device (+1.8% / +3.0%, S=128 / 512) and on every mesh measured: data=2 +2.4-3.5%,
+# tensor=2 +3.0%, fsdp=2 equal (benchmarks/results/train-h200.md, distributed-2xh200.md, `--xla-gemm`).
+AUTO_XLA_GEMM = "cublas"
 
 
 @jax.tree_util.register_dataclass
@@ -190,11 +190,10 @@ class Steps:
     def compiler_options(self) -> dict | None:
         """XLA options of both steps, from `xla_gemm`: "cublas" turns XLA's Triton GEMM emitter off
         (`xla_gpu_enable_triton_gemm=false`), so every GEMM is a cuBLAS call; "xla" leaves XLA's per-GEMM choice
-        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` (cuBLAS on one device, XLA's choice on a mesh of
-        several). Nothing is set off the GPU."""
+        (Triton or cuBLAS, autotuned). "auto" is `AUTO_XLA_GEMM` (cuBLAS). Nothing is set off the GPU."""
         choice = self.tc.xla_gemm
         if choice == "auto":
-            choice = AUTO_XLA_GEMM["several devices" if self.mesh is not None and self.mesh.size > 1 else "one device"]
+            choice = AUTO_XLA_GEMM
         if choice == "cublas" and jax.default_backend() == "gpu":
             return {"xla_gpu_enable_triton_gemm": False}
         return None

@@ -79,9 +79,8 @@ def test_train_config_xla_gemm_and_its_compiler_options(monkeypatch):
     cublas = {"xla_gpu_enable_triton_gemm": False}
     assert options("cublas") == cublas and options("cublas", several) == cublas
     assert options("xla") is None and options("xla", several) is None
-    # auto: cuBLAS only on one device (no mesh, or a mesh of one), XLA's choice on a mesh of several devices
-    assert options("auto") == cublas and options("auto", one) == cublas
-    assert options("auto", several) is None
+    # auto: cuBLAS only, on one device (no mesh, or a mesh of one) and on a mesh of several devices
+    assert options("auto") == cublas and options("auto", one) == cublas and options("auto", several) == cublas
 
 
 # ----------------------------------------------------------------------------------------------- the command line
