@@ -20,6 +20,7 @@ from jaxformer.plan import calibrate as calib
 from jaxformer.plan.__main__ import main
 from jaxformer.plan.comm import collectives
 from jaxformer.plan.memory import _jaxpr_pallas, _jaxpr_xla
+from jaxformer.plan.predict import launched_ops
 from jaxformer.plan.validate import validate
 from jaxformer.plan.workload import hlo_counts, local_shape, parameters
 
@@ -315,6 +316,34 @@ def test_calibration_fit_recovers_the_rates(tmp_path):
     hw = Hardware.make("h100", calibration=Calibration.load(path))
     assert hw.gemm_time(1e10) == pytest.approx(t0 + 1e10 / rate)
     assert hw.collective_time("all-gather", 1e8, 2, 2) == pytest.approx(alpha + 0.5e8 / beta)
+
+
+def test_launch_measurement_counts_the_chains_operators():
+    """measure_launch divides wall-clock time by the operators XLA launched: every link of its chain is at least
+    one (a sort is never fused with its neighbours), in a loop and in a straight line."""
+    out = calib.measure_launch(quick=True)
+    for name in ("loop", "straight"):
+        assert out[name]["ops"] >= 8 * 4  # n_ops x trips links of the quick chain
+        assert out[name]["per_op"] == pytest.approx(out[name]["seconds"] / out[name]["ops"]) and out[name]["per_op"] > 0
+    raw = dict(device="cpu", gemm=[dict(flop=1e9, seconds=1e-3), dict(flop=2e9, seconds=2e-3)],
+               copy=dict(bytes=1e9, seconds=1e-3), launch=out)
+    assert calib.fit(raw)["launch_s"] == {"loop": out["loop"]["per_op"], "straight": out["straight"]["per_op"]}
+
+
+def test_a_step_of_many_small_operators_is_launch_bound():
+    """A pipeline of tiny microbatches launches more operators than its GPU work can hide: its step is the launch
+    time (every scan trip and tick adds operators, not work); BERT-large's steps are far above it."""
+    hw = Hardware.make("h200")
+    tiny = Workload(BertConfig.preset("tiny"), 128, 64)
+    p = predict(tiny, Strategy(pp=2, microbatches=32), hw)
+    loop_ops, straight_ops = launched_ops(tiny, Strategy(pp=2, microbatches=32))
+    assert p.breakdown["launch_s"] == pytest.approx(hw.launch_time(loop_ops, straight_ops))
+    assert p.step_time_s == p.breakdown["launch_s"] > p.compute_s + p.comm_s
+    large = predict(Workload(BertConfig.preset("large"), 128, 64), Strategy(), hw)
+    assert large.step_time_s == large.compute_s + large.comm_s > 3 * large.breakdown["launch_s"]
+    # more microbatches, more ticks: more operators launched
+    more = predict(tiny, Strategy(pp=2, microbatches=64), hw)
+    assert more.breakdown["launched_ops"] > p.breakdown["launched_ops"]
 
 
 def test_validate_reports_the_errors_of_a_synthetic_runs_file(tmp_path, capsys):

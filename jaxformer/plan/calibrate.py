@@ -4,6 +4,8 @@
   in two for tensor parallelism) on 2048 and 8192 tokens, bf16, each chained with its shape back (`gemm_pair_step`):
   time = t0 + flop / rate, least squares;
 * the copy bandwidth (a streaming scale of 256 MiB, read + write counted);
+* the least time a launched operator costs (`measure_launch`): chains of tiny operators, in a loop and in a straight
+  line, wall-clock time over the operators XLA launches (counted as `jaxformer.hlo_analysis` counts them);
 * with more than one device, all-reduce, all-gather, reduce-scatter, all-to-all and a ring permute over all of
   them, 4 KiB to 64 MiB per device: time = steps x alpha + wire bytes / beta (ring algorithms), least squares.
 
@@ -97,6 +99,55 @@ def measure_copy(nbytes: int, quick: bool = False) -> dict:
     return dict(bytes=2 * nbytes, seconds=t)
 
 
+def launch_chain(n_ops: int, trips: int, loop: bool):
+    """A jitted chain of `n_ops` x `trips` links on 256 floats, as a `fori_loop` of `trips` trips or in a straight
+    line: each link a sort (never fused with its neighbours) and a negation (its own small kernel), each waiting for
+    the one before and taking far less time than launching it does."""
+    import jax
+    import jax.numpy as jnp
+
+    def chain(x, n):
+        for _ in range(n):
+            x = -jnp.sort(x)
+        return x
+
+    if loop:
+        return jax.jit(lambda x: jax.lax.fori_loop(0, trips, lambda i, y: chain(y, n_ops), x))
+    return jax.jit(lambda x: chain(x, n_ops * trips))
+
+
+def measure_launch(quick: bool = False) -> dict:
+    """Seconds per launched operator when operators are too small to keep the GPU busy: the host's cost of launching
+    one (XLA's thunks, the driver), or the GPU's least time per kernel, whichever is larger. {"loop": ..., "straight":
+    ...}, each {ops, seconds, per_op}: inside a while loop (the pipeline's tick loop and layer scans) and in the
+    step's straight line (where XLA may replay runs of kernels as CUDA graphs). Wall-clock, median of repeats."""
+    import statistics
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    from ..hlo_analysis import analyze
+
+    n_ops, trips = (8, 4) if quick else (64, 32)
+    x = jnp.ones((256,), jnp.float32)
+    out = {}
+    for name, loop in (("loop", True), ("straight", False)):
+        f = launch_chain(n_ops, trips, loop)
+        compiled = f.lower(x).compile()
+        ops = sum(op.trips for op in analyze(compiled.as_text()).ops)
+        for _ in range(3):
+            jax.block_until_ready(compiled(x))
+        times = []
+        for _ in range(3 if quick else 11):
+            t = time.perf_counter()
+            jax.block_until_ready(compiled(x))
+            times.append(time.perf_counter() - t)
+        t = statistics.median(times)
+        out[name] = dict(ops=ops, seconds=t, per_op=t / ops)
+    return out
+
+
 def measure_collectives(sizes, quick: bool = False) -> dict:
     """{kind: [{bytes, seconds, n}]}: per-device buffer bytes (all-gather: the gathered result; reduce-scatter: the
     operand), float32."""
@@ -146,6 +197,8 @@ def fit(raw: dict) -> dict:
     t0, inv_rate = fit_line([r["flop"] for r in g], [r["seconds"] for r in g])
     copy = raw["copy"]
     res = dict(gemm_rate=1.0 / inv_rate, gemm_t0=t0, copy_bps=copy["bytes"] / copy["seconds"], collectives={})
+    if "launch" in raw:
+        res["launch_s"] = {k: v["per_op"] for k, v in raw["launch"].items()}
     for kind, rows in raw.get("collectives", {}).items():
         rows = _valid(rows)
         if len(rows) < 2:
@@ -168,6 +221,7 @@ def calibrate(path: str, quick: bool = False, log=lambda m: print(m, file=sys.st
     log(f"calibrate: {len(shapes)} GEMMs on {raw['device']}")
     raw["gemm"] = measure_gemms(shapes, quick)
     raw["copy"] = measure_copy(2**22 if quick else 256 * 2**20, quick)
+    raw["launch"] = measure_launch(quick)
     if len(devices) > 1:
         sizes = (2**16, 2**20) if quick else MESSAGE_BYTES
         log(f"calibrate: 5 collectives x {len(sizes)} sizes over {len(devices)} devices")
@@ -175,7 +229,8 @@ def calibrate(path: str, quick: bool = False, log=lambda m: print(m, file=sys.st
     raw["fit"] = fit(raw)
     f = raw["fit"]
     log(f"calibrate: GEMM {f['gemm_rate'] / 1e12:.0f} TFLOP/s + {f['gemm_t0'] * 1e6:.1f} us, copy "
-        f"{f['copy_bps'] / 1e12:.2f} TB/s" + "".join(f", {k} {v['beta'] / 1e9:.0f} GB/s + {v['alpha'] * 1e6:.1f} us"
+        f"{f['copy_bps'] / 1e12:.2f} TB/s, launch {f['launch_s']['loop'] * 1e6:.2f} us per operator in a loop, "
+        f"{f['launch_s']['straight'] * 1e6:.2f} in a straight line" + "".join(f", {k} {v['beta'] / 1e9:.0f} GB/s + {v['alpha'] * 1e6:.1f} us"
                                                       for k, v in f["collectives"].items()))
     Path(path).write_text(json.dumps(raw, indent=1))
     return raw

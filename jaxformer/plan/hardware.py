@@ -6,6 +6,7 @@ Costs:
   measured BERT-shaped GEMMs; without a calibration `rate = gemm_efficiency x peak x width_efficiency(D)`, `t0`
   6 us.
 * memory-bound operator: `bytes / (copy_efficiency x HBM bandwidth)`, or the calibration's measured copy rate.
+* launching: a least time per launched operator, inside while loops and in the straight line (measured).
 * collective (alpha-beta, ring algorithms): `steps x alpha + wire_bytes / beta`. Inside a node beta is the NVLink
   bandwidth per GPU and direction, alpha its per-step latency; a group spanning nodes runs hierarchically (NCCL):
   reduce-scatter inside the node, the inter-node collective on 1/g of the data over the node's network link shared
@@ -19,6 +20,11 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+
+
+# `calibrate.measure_launch` on an H200 host (jax 0.11.2; benchmarks/results/perfmodel.md, "Launch-bound steps"):
+# seconds per operator when operators are too small to keep the GPU busy, in a loop / in a straight line
+LAUNCH_US = (1.87, 2.50)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +45,9 @@ class GPUProfile:
     copy_efficiency: float = 0.9  # streaming copies: 3.0 of 3.35 TB/s (H100), 4.3 of 4.8 (H200) measured
     usable_gib: float = 0.0  # what XLA may allocate (0: 90% of hbm_gib)
     alu_scale: float = 1.0  # element-wise arithmetic time relative to an H100 (SMs x clock)
+    # the least time a launched operator costs, inside a while loop and in the step's straight line (microseconds):
+    # an H200 host's (`calibrate.measure_launch`), taken for every GPU (it is mostly the host's)
+    launch_us: tuple[float, float] = LAUNCH_US
 
     @property
     def memory_bytes(self) -> float:
@@ -100,6 +109,7 @@ class Calibration:
     gemm_t0: float  # s
     copy_bps: float  # bytes/s (read + write counted)
     collectives: dict  # kind -> {"alpha": s, "beta": bytes/s}
+    launch_s: dict = dataclasses.field(default_factory=dict)  # {"loop": s, "straight": s} per launched operator
     raw: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
@@ -107,7 +117,7 @@ class Calibration:
         d = json.loads(Path(path).read_text())
         fit = d["fit"]
         return cls(device=d["device"], gemm_rate=fit["gemm_rate"], gemm_t0=fit["gemm_t0"], copy_bps=fit["copy_bps"],
-                   collectives=fit.get("collectives", {}), raw=d)
+                   collectives=fit.get("collectives", {}), launch_s=fit.get("launch_s", {}), raw=d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +163,14 @@ class Hardware:
 
     def memory_time(self, nbytes: float) -> float:
         return nbytes / self.copy_bps
+
+    def launch_time(self, loop_ops: float, straight_ops: float) -> float:
+        """The least time to launch these operators (inside while loops, in the straight line) one after another:
+        the step's time when its operators are too small to keep the GPU busy."""
+        c = self.calibration
+        loop, straight = ((c.launch_s["loop"], c.launch_s["straight"]) if c and c.launch_s
+                          else (self.profile.launch_us[0] * 1e-6, self.profile.launch_us[1] * 1e-6))
+        return loop_ops * loop + straight_ops * straight
 
     # -- communication
     def _nvlink(self, kind: str) -> tuple[float, float]:
