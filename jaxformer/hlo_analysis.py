@@ -122,6 +122,13 @@ class Report:
                     total_flop=sum(c["flop"] for c in classes.values()), **timed,
                     top=[dataclasses.asdict(op) for op in self.top(top)], notes=self.notes)
 
+    def launches(self, in_loops: bool | None = None) -> int:
+        """Operators that launch work per step (trip-weighted): not the instructions that only name or regroup
+        buffers (`FREE`) nor the waits that end an asynchronous operator (`*-done`). `in_loops`: only those inside
+        while loops (True) or only those outside them (False)."""
+        return sum(op.trips for op in self.ops if op.opcode not in FREE and not op.opcode.endswith("-done")
+                   and (in_loops is None or (op.trips > 1) == in_loops))
+
     @property
     def timed(self) -> bool:
         return any(op.time_s is not None for op in self.ops)

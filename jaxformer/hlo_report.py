@@ -128,6 +128,7 @@ def profiled_report(tc, steps: int, mesh=None) -> tuple[Report, str]:
 
 def text_report(rep: Report, top: int) -> str:
     lines = class_table(rep)
+    lines.append(f"launches per step: {rep.launches()} ({rep.launches(in_loops=True)} inside while loops)")
     coll = {k: v for k, v in rep.collectives().items() if v["count"]}
     if coll:
         lines += ["", "collectives: " + ", ".join(f"{k} x{v['count']} {_fmt(v['bytes'])}B" for k, v in coll.items())]

@@ -330,20 +330,62 @@ def test_launch_measurement_counts_the_chains_operators():
     assert calib.fit(raw)["launch_s"] == {"loop": out["loop"]["per_op"], "straight": out["straight"]["per_op"]}
 
 
-def test_a_step_of_many_small_operators_is_launch_bound():
-    """A pipeline of tiny microbatches launches more operators than its GPU work can hide: its step is the launch
-    time (every scan trip and tick adds operators, not work); BERT-large's steps are far above it."""
+def test_launching_bounds_small_steps_and_adds_in_loops():
+    """Every kernel a while loop launches adds the time per launch (the GPU waits for each); a step outside loops
+    takes at least the time to launch all its operators; BERT-large's plain step is far above both."""
     hw = Hardware.make("h200")
-    tiny = Workload(BertConfig.preset("tiny"), 128, 64)
-    p = predict(tiny, Strategy(pp=2, microbatches=32), hw)
-    loop_ops, straight_ops = launched_ops(tiny, Strategy(pp=2, microbatches=32))
+    tiny = Workload(BertConfig.preset("tiny"), 128, 8)
+    plain = predict(tiny, Strategy(), hw)
+    assert plain.step_time_s == plain.breakdown["launch_s"] > plain.compute_s + plain.comm_s
+    assert plain.breakdown["loop_idle_s"] == 0.0
+    piped = Strategy(pp=2, microbatches=32)
+    p = predict(Workload(BertConfig.preset("tiny"), 128, 64), piped, hw)
+    loop_ops, straight_ops = launched_ops(p.workload, piped)
+    assert p.breakdown["loop_idle_s"] == pytest.approx(hw.launch_time(loop_ops, 0.0))
     assert p.breakdown["launch_s"] == pytest.approx(hw.launch_time(loop_ops, straight_ops))
-    assert p.step_time_s == p.breakdown["launch_s"] > p.compute_s + p.comm_s
+    assert p.step_time_s == pytest.approx(p.compute_s + p.comm_s + p.breakdown["loop_idle_s"])
+    assert p.breakdown["loop_idle_s"] > p.compute_s + p.comm_s  # launch-bound: the ticks add launches, not work
+    more = predict(Workload(BertConfig.preset("tiny"), 128, 64), Strategy(pp=2, microbatches=64), hw)
+    assert more.breakdown["launched_ops"] > p.breakdown["launched_ops"]
     large = predict(Workload(BertConfig.preset("large"), 128, 64), Strategy(), hw)
     assert large.step_time_s == large.compute_s + large.comm_s > 3 * large.breakdown["launch_s"]
-    # more microbatches, more ticks: more operators launched
-    more = predict(tiny, Strategy(pp=2, microbatches=64), hw)
-    assert more.breakdown["launched_ops"] > p.breakdown["launched_ops"]
+
+
+def test_launches_leave_out_names_and_waits():
+    """Report.launches counts the operators that launch work: not parameters, tuples, bitcasts, tuple elements or
+    the `-done` of an asynchronous pair; trip-weighted, split by inside / outside loops."""
+    from jaxformer.hlo_analysis import analyze
+    hlo = """HloModule m
+
+%body (p: (s32[], f32[256])) -> (s32[], f32[256]) {
+  %p = (s32[], f32[256]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[256]{0} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  %y = f32[256]{0} sine(%x)
+  ROOT %t = (s32[], f32[256]{0}) tuple(%j, %y)
+}
+
+%cond (p: (s32[], f32[256])) -> pred[] {
+  %p = (s32[], f32[256]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (a: f32[256]) -> f32[256] {
+  %a = f32[256]{0} parameter(0)
+  %b = f32[256]{0} cosine(%a)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[256]{0}) tuple(%zero, %b)
+  %w = (s32[], f32[256]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"8"}}
+  ROOT %r = f32[256]{0} get-tuple-element(%w), index=1
+}
+"""
+    rep = analyze(hlo)
+    assert rep.launches(in_loops=False) == 1  # the cosine
+    assert rep.launches(in_loops=True) == rep.launches() - 1 >= 2 * 8  # the add and the sine, 8 trips (and the compare)
 
 
 def test_validate_reports_the_errors_of_a_synthetic_runs_file(tmp_path, capsys):
@@ -372,12 +414,14 @@ def test_validate_reports_the_errors_of_a_synthetic_runs_file(tmp_path, capsys):
 def test_train_step_record_appends_a_line(tmp_path):
     from benchmarks.train_step import record
     path = tmp_path / "runs.jsonl"
-    counts = dict(classes={"contraction": {"flop": 1.0}}, collectives={"all-reduce": {"count": 1, "bytes": 8.0}})
+    counts = dict(classes={"contraction": {"flop": 1.0}}, collectives={"all-reduce": {"count": 1, "bytes": 8.0}},
+                  launches={"loop": 3, "straight": 5})
     record(str(path), dict(config="tiny", ms_per_step=1.0), counts)
     record(str(path), dict(config="mini", ms_per_step=2.0), None)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["config"] for x in lines] == ["tiny", "mini"]
     assert lines[0]["hlo_collectives"]["all-reduce"]["bytes"] == 8.0 and "hlo_classes" not in lines[1]
+    assert lines[0]["hlo_launches"] == {"loop": 3, "straight": 5}
     assert all(x["date"] and x["commit"] for x in lines)
 
 

@@ -5,7 +5,7 @@
   time = t0 + flop / rate, least squares;
 * the copy bandwidth (a streaming scale of 256 MiB, read + write counted);
 * the least time a launched operator costs (`measure_launch`): chains of tiny operators, in a loop and in a straight
-  line, wall-clock time over the operators XLA launches (counted as `jaxformer.hlo_analysis` counts them);
+  line, wall-clock time over the operators XLA launches (`jaxformer.hlo_analysis.Report.launches`);
 * with more than one device, all-reduce, all-gather, reduce-scatter, all-to-all and a ring permute over all of
   them, 4 KiB to 64 MiB per device: time = steps x alpha + wire bytes / beta (ring algorithms), least squares.
 
@@ -135,7 +135,7 @@ def measure_launch(quick: bool = False) -> dict:
     for name, loop in (("loop", True), ("straight", False)):
         f = launch_chain(n_ops, trips, loop)
         compiled = f.lower(x).compile()
-        ops = sum(op.trips for op in analyze(compiled.as_text()).ops)
+        ops = analyze(compiled.as_text()).launches()
         for _ in range(3):
             jax.block_until_ready(compiled(x))
         times = []

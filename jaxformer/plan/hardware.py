@@ -22,9 +22,9 @@ import math
 from pathlib import Path
 
 
-# `calibrate.measure_launch` on an H200 host (jax 0.11.2; benchmarks/results/perfmodel.md, "Launch-bound steps"):
-# seconds per operator when operators are too small to keep the GPU busy, in a loop / in a straight line
-LAUNCH_US = (1.87, 2.50)
+# `calibrate.measure_launch` on an H200 host (jax 0.11.2; benchmarks/results/perfmodel.md, "Launching"): microseconds
+# per launched operator when operators are too small to keep the GPU busy, in a loop / in a straight line
+LAUNCH_US = (2.86, 3.75)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,9 +13,11 @@ collectives (alpha-beta), the pipeline bubble, and the overlap assumed per strat
   accumulator through memory on every tick (`tick_loop_bytes`), and its inner layer scan copies each layer's
   weights and writes its gradient on every layer pass (`scan_weight_bytes`), both counted from the compiled program
   (`pipeline_overhead`).
-* launching: a step's operators cannot run faster than they are launched one after another
-  (`Hardware.launch_time` of `launched_ops`), so the step takes at least that long: what binds a pipeline of small
-  microbatches, whose layer scans and tick loops launch thousands of small operators (perfmodel.md).
+* launching: inside while loops (the pipeline's tick loops and layer scans, the remat scan) XLA launches each
+  kernel from the host, and the GPU waits for each launch: every kernel launched in a loop adds the measured time
+  per launch (`Hardware.launch_time`; the pipeline run's profile: 20.2 ms of idle GPU over 6,669 loop launches,
+  perfmodel.md). The straight line outside loops runs as CUDA graphs, where launching hides behind the kernels; a
+  step never takes less than launching all its operators one after another.
 * overlap (assumptions): nothing hides by default. The data-parallel gradient all-reduce was measured not
   overlapped in this XLA (benchmarks/results/distributed-2xh200.md, "Data parallelism: where the remaining time
   goes": the async pair is made synchronous), and fsdp=2 ran as fast as data=2 with the same bytes on the wire ("The
@@ -131,32 +133,28 @@ def tick_loop_bytes_inside(w: Workload, s: Strategy, backend: Backend = GPU) -> 
     return tick_loop_bytes(w, s, backend) - TICK_STACK_OUTSIDE * _memory.tick_residuals(w, s, backend)
 
 
-# Operators XLA launches per step, as jaxformer.hlo_analysis counts them (trip-weighted), read from compiled GPU
-# programs (jax 0.11.2; the records' `hlo_classes` counts in benchmarks/results/runs.jsonl): the plain layer loop
-# launches ~100 per layer with the Pallas kernels (BERT-large 2,863-3,006, BERT-base 1,665-1,734), ~137 with the XLA
-# kernels (3,792; 2,142-2,201), ~219 with the Pallas kernels under full remat (5,731, in the remat scan's loop; the
-# XLA kernels' under remat scaled alike, not compiled), and ~470 outside the layers.
-# jaxformer's pipeline (BERT-large, pp=2, 4 microbatches, the Pallas kernels: 22,241) launches 325 per layer pass in
-# its inner layer scans, 304 per tick in its tick loops, 43 per layer of the stage in loops over the stage's layers
-# and 705 outside loops; its layer passes under other kernels and remat are scaled as the plain loop's layers.
-OPS_PER_LAYER = {("pallas", "none"): 100, ("xla", "none"): 137, ("pallas", "full"): 219, ("xla", "full"): 300}
-OPS_OUTSIDE = 470
-PIPELINE_OPS = dict(layer_pass=325, tick=304, stage_layer=43, outside=705)
+# Operators that launch work per step (`jaxformer.hlo_analysis.Report.launches`: not the instructions that only name
+# buffers, nor the waits of asynchronous ones), from compiled GPU programs of BERT-large with the Pallas kernels
+# (jax 0.11.2, 2026-11-28): the plain layer loop launches 839 (~31 per layer, ~95 outside the layers); jaxformer's
+# pipeline (pp=2, 4 microbatches) 6,881: 100 per layer pass in its inner layer scans, 105 per tick in its tick loops,
+# 12 per stage layer in loops over the stage's layers, 212 outside loops. No GPU program of the XLA kernels or of
+# full remat (its layers in the remat scan's loop) was counted: they are taken to launch as many per layer.
+LAUNCHES_PER_LAYER = 31
+LAUNCHES_OUTSIDE = 95
+PIPELINE_LAUNCHES = dict(layer_pass=100, tick=105, stage_layer=12, outside=212)
 
 
 def launched_ops(w: Workload, s: Strategy) -> tuple[float, float]:
     """(operators launched inside while loops, in the straight line) per step."""
     cfg = w.model
-    per_layer = OPS_PER_LAYER[(s.kernels, "none" if s.remat == "none" else "full")]
     if not s.pipelined:
-        layers = per_layer * cfg.num_hidden_layers
-        return (layers, OPS_OUTSIDE) if s.remat != "none" else (0.0, OPS_OUTSIDE + layers)
+        layers = LAUNCHES_PER_LAYER * cfg.num_hidden_layers
+        return (layers, LAUNCHES_OUTSIDE) if s.remat != "none" else (0.0, LAUNCHES_OUTSIDE + layers)
     if s.megatron:  # each stage runs its layers once per microbatch
-        return 0.0, OPS_OUTSIDE + per_layer * cfg.num_hidden_layers // s.pp * s.microbatches
+        return 0.0, LAUNCHES_OUTSIDE + LAUNCHES_PER_LAYER * cfg.num_hidden_layers // s.pp * s.microbatches
     k = cfg.num_hidden_layers // (s.pp * s.repeats)
-    scale = per_layer / OPS_PER_LAYER[("pallas", "none")]
-    p = PIPELINE_OPS
-    loop = s.ticks * (k * p["layer_pass"] * scale + p["tick"]) + p["stage_layer"] * cfg.num_hidden_layers // s.pp
+    p = PIPELINE_LAUNCHES
+    loop = s.ticks * (k * p["layer_pass"] + p["tick"]) + p["stage_layer"] * cfg.num_hidden_layers // s.pp
     return loop, p["outside"]
 
 
@@ -296,7 +294,8 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
     exposed += max(0.0, hidden - layers)  # fsdp's traffic beyond what the layers' compute can hide
     loop_ops, straight_ops = launched_ops(w, s)
     launch = hw.launch_time(loop_ops, straight_ops)
-    step = max(compute + exposed, launch)
+    loop_idle = hw.launch_time(loop_ops, 0.0)  # a loop's kernels each wait for their launch (measured: perfmodel.md)
+    step = max(compute + exposed + loop_idle, launch)
     notes = []
     if s.fsdp > 1 and (s.pp > 1 or (s.dp > 1 and s.tp > 1)):
         notes.append("fsdp with pipeline or data+tensor: XLA adds resharding the model does not count")
@@ -306,6 +305,7 @@ def predict(w: Workload, s: Strategy, hw: Hardware, backend: Backend = GPU, over
                       breakdown=dict(layers_s=layers, pipeline_overhead_s=pipeline_overhead, heads_s=heads,
                                      embedding_s=embedding, optimizer_s=optimizer, compression_s=compression,
                                      comm_hidden_s=hidden, comm_beside_gemm_s=beside, launch_s=launch,
+                                     loop_idle_s=loop_idle,
                                      launched_ops=loop_ops + straight_ops,
                                      layer_pass_s=layer_pass, layer_passes=passes))
     return pred

@@ -277,7 +277,9 @@ def attention_in_kernel(g: Gemm, s: Strategy) -> bool:
 
 
 def hlo_counts(hlo_text: str) -> dict:
-    """Class totals and collective bytes of a compiled step (jaxformer.hlo_analysis)."""
+    """Class totals, collective bytes and launches (in loops, in the straight line) of a compiled step
+    (jaxformer.hlo_analysis)."""
     from ..hlo_analysis import analyze
     rep = analyze(hlo_text)
-    return dict(classes=rep.classes(), collectives={k: v for k, v in rep.collectives().items() if v["count"]})
+    return dict(classes=rep.classes(), collectives={k: v for k, v in rep.collectives().items() if v["count"]},
+                launches=dict(loop=rep.launches(in_loops=True), straight=rep.launches(in_loops=False)))
