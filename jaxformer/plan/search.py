@@ -99,12 +99,13 @@ def search(w: Workload, hw: Hardware, gpus: int, space: Space = Space(), backend
 def table(preds: list[Prediction], top: int | None = None, show_infeasible: int = 10) -> str:
     """The ranked strategies with their breakdown, then (some of) the infeasible ones and why."""
     feas = [p for p in preds if p.feasible]
-    lines = [f"{'#':>3} {'strategy':<38}{'ms/step':>9}{'seq/s':>10}{'compute':>9}{'comm':>8}{'bubble':>8}"
+    lines = [f"{'#':>3} {'strategy':<38}{'ms/step':>9}{'seq/s':>10}{'compute':>9}{'comm':>8}{'launch':>8}{'bubble':>8}"
              f"{'comm GB':>9}{'mem GiB':>9} {'(params/grads/opt/act/tmp)'}"]
     for i, p in enumerate(feas[:top] if top else feas, 1):
         m = p.memory
         lines.append(f"{i:>3} {p.strategy.label():<38}{p.step_time_s * 1e3:>9.2f}{p.seq_per_s:>10.1f}"
-                     f"{p.compute_s * 1e3:>9.2f}{p.comm_s * 1e3:>8.2f}{p.bubble * 100:>7.1f}%"
+                     f"{p.compute_s * 1e3:>9.2f}{p.comm_s * 1e3:>8.2f}"
+                     f"{max(0.0, p.step_time_s - p.compute_s - p.comm_s) * 1e3:>8.2f}{p.bubble * 100:>7.1f}%"
                      f"{p.comm_bytes / 1e9:>9.3f}{m.total / 2**30:>9.2f} "
                      f"({m.params / 2**30:.2f}/{m.grads / 2**30:.2f}/{m.optimizer / 2**30:.2f}/"
                      f"{m.activations / 2**30:.2f}/{m.temporaries / 2**30:.2f})"
