@@ -229,7 +229,7 @@ def record(path: str, result: dict, counts: dict | None) -> None:
     line = dict(result, date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit())
     if counts:
         line.update(hlo_classes=counts["classes"], hlo_collectives=counts["collectives"],
-                    hlo_launches=counts.get("launches"), hlo_count_version=COUNT_VERSION)
+                    hlo_launches=counts["launches"], hlo_count_version=COUNT_VERSION)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")

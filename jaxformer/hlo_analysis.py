@@ -125,7 +125,7 @@ class Report:
     def launches(self, in_loops: bool | None = None) -> int:
         """Operators that launch work per step (trip-weighted): not the instructions that only name or regroup
         buffers (`FREE`) nor the waits that end an asynchronous operator (`*-done`). `in_loops`: only those inside
-        while loops (True) or only those outside them (False)."""
+        while loops (True: run more than once per step) or only those outside them (False)."""
         return sum(op.trips for op in self.ops if op.opcode not in FREE and not op.opcode.endswith("-done")
                    and (in_loops is None or (op.trips > 1) == in_loops))
 

@@ -74,6 +74,11 @@ def _median_seconds(f, args, repeats: int) -> float:
     return statistics.median(times)
 
 
+def median_seconds(f, args, repeats: int) -> float:
+    """Wall-clock seconds of `f(args)` to completion, median of `repeats` calls (launch overhead included)."""
+    return _median_seconds(f, args, repeats)
+
+
 def random_inputs(like, seed: int = 0) -> tuple:
     """Standard-normal arrays with the shapes and dtypes of `like` (arrays or ShapeDtypeStructs), for tuning."""
     keys = jax.random.split(jax.random.key(seed), len(like))

@@ -121,11 +121,8 @@ def measure_launch(quick: bool = False) -> dict:
     one (XLA's thunks, the driver), or the GPU's least time per kernel, whichever is larger. {"loop": ..., "straight":
     ...}, each {ops, seconds, per_op}: inside a while loop (the pipeline's tick loop and layer scans) and in the
     step's straight line (where XLA may replay runs of kernels as CUDA graphs). Wall-clock, median of repeats."""
-    import statistics
-    import time
-
-    import jax
     import jax.numpy as jnp
+    from pallas_kernels.timing import median_seconds
 
     from ..hlo_analysis import analyze
 
@@ -136,14 +133,8 @@ def measure_launch(quick: bool = False) -> dict:
         f = launch_chain(n_ops, trips, loop)
         compiled = f.lower(x).compile()
         ops = analyze(compiled.as_text()).launches()
-        for _ in range(3):
-            jax.block_until_ready(compiled(x))
-        times = []
-        for _ in range(3 if quick else 11):
-            t = time.perf_counter()
-            jax.block_until_ready(compiled(x))
-            times.append(time.perf_counter() - t)
-        t = statistics.median(times)
+        median_seconds(compiled, x, 3)  # warm-up
+        t = median_seconds(compiled, x, 3 if quick else 11)
         out[name] = dict(ops=ops, seconds=t, per_op=t / ops)
     return out
 
@@ -230,7 +221,7 @@ def calibrate(path: str, quick: bool = False, log=lambda m: print(m, file=sys.st
     f = raw["fit"]
     log(f"calibrate: GEMM {f['gemm_rate'] / 1e12:.0f} TFLOP/s + {f['gemm_t0'] * 1e6:.1f} us, copy "
         f"{f['copy_bps'] / 1e12:.2f} TB/s, launch {f['launch_s']['loop'] * 1e6:.2f} us per operator in a loop, "
-        f"{f['launch_s']['straight'] * 1e6:.2f} in a straight line" + "".join(f", {k} {v['beta'] / 1e9:.0f} GB/s + {v['alpha'] * 1e6:.1f} us"
-                                                      for k, v in f["collectives"].items()))
+        f"{f['launch_s']['straight'] * 1e6:.2f} in a straight line"
+        + "".join(f", {k} {v['beta'] / 1e9:.0f} GB/s + {v['alpha'] * 1e6:.1f} us" for k, v in f["collectives"].items()))
     Path(path).write_text(json.dumps(raw, indent=1))
     return raw
