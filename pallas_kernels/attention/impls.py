@@ -7,6 +7,8 @@
 - `triton`: FlashAttention-2 forward and backward (`forward.py`, `backward.py`), any shape the tiles fit.
 - `xla`: the reference (`reference.py`), which materialises the BNST scores.
 - `mosaic` (only when named): both passes in Mosaic GPU; its forward measured no faster in the train step.
+- `mosaic_long` (only when named): both passes in Mosaic GPU for S = T a multiple of 128 above 128, H = 64,
+  bfloat16 (`kernel_mgpu_long.py`): persistent wgmma kernels that skip the key blocks past a row's last real key.
 """
 
 import dataclasses
@@ -18,7 +20,7 @@ from ..registry import NEEDS_HOPPER, Implementation, Operator, Reference, Skip
 from . import backward as _backward
 from . import blocks as _blocks
 from . import forward as _forward
-from . import kernel_mgpu, reference
+from . import kernel_mgpu, kernel_mgpu_long, reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,31 +39,33 @@ class Call:
     segments: bool = False  # packed sequences: the mask holds segment ids (`reference.segment_mask`)
 
 
-def _mosaic_forward(*args, blocks, segments=False, **kw):  # the Mosaic GPU kernels take no tile sizes or segments
-    assert not segments, "the Mosaic GPU kernels take a key mask only (Kernels.supports)"
-    return kernel_mgpu.forward(*args, **kw)
+def _untiled(fn):
+    """A Mosaic GPU pass in the Triton passes' signature: it takes no tile sizes and no segments."""
+    def run(*args, blocks, segments=False, **kw):
+        assert not segments, "the Mosaic GPU kernels take a key mask only (Kernels.supports)"
+        return fn(*args, **kw)
+    return run
 
 
-def _mosaic_backward(*args, blocks, segments=False, **kw):
-    assert not segments, "the Mosaic GPU kernels take a key mask only (Kernels.supports)"
-    return kernel_mgpu.backward(*args, **kw)
+_mosaic_forward, _mosaic_backward = _untiled(kernel_mgpu.forward), _untiled(kernel_mgpu.backward)
 
 
 class Kernels(Implementation):
     """A forward and a backward with the contract of `forward.forward` / `backward.backward`, configured by
     `blocks.Blocks` (the Mosaic GPU passes read only `fold_bias` of it)."""
 
-    def __init__(self, name: str, forward, backward, summary: str, *, mosaic: bool, tuned_stages=("fwd", "bwd")):
+    def __init__(self, name: str, forward, backward, summary: str, *, mosaic=None, tuned_stages=("fwd", "bwd")):
+        """`mosaic`: for Mosaic GPU kernels, the module whose `check_shape` says which calls they take."""
         self.name, self.forward, self.backward, self.summary = name, forward, backward, summary
         self.mosaic, self.tuned_stages = mosaic, tuned_stages
 
     def supports(self, call: Call, device):
-        if not self.mosaic:
+        if self.mosaic is None:
             return None
         if call.segments:
             return Skip("takes a key mask only, not packed rows' segment ids", "call")
         try:
-            kernel_mgpu.check_shape(call.seq_q, call.seq_k, call.head_dim, call.dtype)
+            self.mosaic.check_shape(call.seq_q, call.seq_k, call.head_dim, call.dtype)
         except ValueError as e:
             return Skip(str(e))
         return None if device.hopper else NEEDS_HOPPER
@@ -76,18 +80,21 @@ class Kernels(Implementation):
 
 
 MOSAIC_BWD = Kernels("mosaic_bwd", _forward.forward, _mosaic_backward, "Triton forward, Mosaic GPU one-kernel backward "
-                     "(kernel_mgpu.py): Hopper+, S = T = 128, H = 64, bf16", mosaic=True, tuned_stages=("fwd",))
-TRITON = Kernels("triton", _forward.forward, _backward.backward, "FlashAttention-2 in Triton (forward.py, backward.py)",
-                 mosaic=False)
+                     "(kernel_mgpu.py): Hopper+, S = T = 128, H = 64, bf16", mosaic=kernel_mgpu, tuned_stages=("fwd",))
+TRITON = Kernels("triton", _forward.forward, _backward.backward, "FlashAttention-2 in Triton (forward.py, backward.py)")
 MOSAIC = Kernels("mosaic", _mosaic_forward, _mosaic_backward, "both passes in Mosaic GPU (kernel_mgpu.py; only when "
-                 "named): Hopper+, S = T = 128, H = 64, bf16", mosaic=True, tuned_stages=())
+                 "named): Hopper+, S = T = 128, H = 64, bf16", mosaic=kernel_mgpu, tuned_stages=())
+MOSAIC_LONG = Kernels("mosaic_long", _untiled(kernel_mgpu_long.forward), _untiled(kernel_mgpu_long.backward),
+                      "both passes in Mosaic GPU for long rows (kernel_mgpu_long.py): Hopper+, S = T a multiple of "
+                      "128 above 128, H = 64, bf16", mosaic=kernel_mgpu_long, tuned_stages=())
 
 ATTENTION = registry.register(Operator(
     "attention", "softmax(q k^T / sqrt(H), key mask) with dropout, times v (SM, BS)",
-    (MOSAIC_BWD, TRITON, MOSAIC, Reference(reference.attention)), ("mosaic_bwd", "triton", "xla")))
+    (MOSAIC_BWD, TRITON, MOSAIC, MOSAIC_LONG, Reference(reference.attention)), ("mosaic_bwd", "triton", "xla")))
 ATTENTION_QKV = registry.register(Operator(
     "attention_qkv", "the same on the packed (B, S, 3, N, H) projection, its bias folded in (AIB)",
-    (MOSAIC_BWD, TRITON, MOSAIC, Reference(reference.attention_qkv)), ("mosaic_bwd", "triton", "xla")))
+    (MOSAIC_BWD, TRITON, MOSAIC, MOSAIC_LONG, Reference(reference.attention_qkv)),
+    ("mosaic_bwd", "triton", "xla")))
 
 
 def call_of(q_shape, k_shape, dtype, rate: float, packed: bool, segments: bool = False) -> Call:

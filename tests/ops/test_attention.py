@@ -21,7 +21,7 @@ from pallas_kernels.attention import (
     sharded_flash_attention,
     sharded_flash_attention_qkv,
 )
-from pallas_kernels.attention import backward, forward, impls, kernel_mgpu
+from pallas_kernels.attention import backward, forward, impls, kernel_mgpu, kernel_mgpu_long
 from pallas_kernels.attention.reference import attention_qkv
 from pallas_kernels.attention.tiles import mask_code
 from pallas_kernels.dropout import seed_from_key
@@ -307,6 +307,63 @@ def test_mosaic_forward_matches_triton_forward(packed):
         _check(*args, mask, g, rate=0.1, seed=5, exact_reference=True, impl="mosaic")
 
 
+@interpret_mosaic
+def test_mosaic_long_matches_reference():
+    # The long-row Mosaic GPU passes (`mosaic_long`, S = T a multiple of 128 above 128) in interpret mode: forward and
+    # VJP against the fp32 reference, with dropout; a full row, one whose real keys end in the first key block (the
+    # second is skipped), and one with no real key (every block visited: uniform attention). 12 forward units and 6
+    # heads on 3 persistent programs (several units each).
+    q, k, v, g = _inputs(jax.random.key(41), 3, 256, 256, 2, 64, jnp.bfloat16)
+    mask = _mask([256, 100, 0], 256)
+    np.testing.assert_array_equal(np.asarray(kernel_mgpu_long.key_blocks(mask_code(mask))), [2, 1, 2])
+    _check(q, k, v, mask, g, rate=0.2, seed=6, exact_reference=True, impl="mosaic_long")
+
+
+@interpret_mosaic
+def test_mosaic_long_packed_bias_and_shard_mask():
+    # The packed projection with its bias (added by XLA: the long-row kernels fold none) and its gradient, q's part
+    # summed from the float32 dQ; a batch-and-head shard's dropout mask (batch_offset 2, head_offset 1 of 4 heads)
+    # against the Triton kernels on the same residuals, rate 0.5 so that a wrong mask shows; one persistent program
+    # gives the same gradients, bit for bit, as three (the dQ sums of the key blocks in the same order).
+    qkv = jax.random.normal(jax.random.key(42), (2, 256, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(43), (2, 256, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    mask = _mask([256, 150], 256)
+    _check_packed(qkv, mask, g, rate=0.1, impl="mosaic_long", bias=_packed_bias(qkv))
+    code = mask_code(mask)
+    seed = seed_words(seed_from_key(jax.random.key(44)), 2, 1)
+    kw = dict(rate=0.5, interpret=True, heads=4, packed=True)
+    blocks = default_blocks(256, 64)
+    o, lse = forward.forward(qkv, qkv, qkv, code, seed, blocks=blocks, **kw)
+    o_long, lse_long = kernel_mgpu_long.forward(qkv, qkv, qkv, code, seed, **kw)
+    assert _rel_err(o_long, o) < 1e-2
+    np.testing.assert_allclose(np.asarray(lse_long), np.asarray(lse), atol=2e-3, rtol=0)
+    want = backward.backward(qkv, qkv, qkv, code, seed, o, lse, g, blocks=blocks, **kw)
+    got = kernel_mgpu_long.backward(qkv, qkv, qkv, code, seed, o, lse, g, **kw)
+    for c in range(3):
+        assert _rel_err(got[:, :, c], want[:, :, c]) < 1e-2, (c, _rel_err(got[:, :, c], want[:, :, c]))
+    one = kernel_mgpu_long.backward(qkv, qkv, qkv, code, seed, o, lse, g, programs=1, **kw)
+    np.testing.assert_array_equal(np.asarray(one, np.float32), np.asarray(got, np.float32))
+    with pytest.raises(ValueError, match="programs=5 must be in"):
+        kernel_mgpu_long.backward(qkv, qkv, qkv, code, seed, o, lse, g, programs=5, **kw)
+
+
+def test_mosaic_long_lowers_one_kernel_per_pass_for_all_call_sites():
+    # As the S = 128 kernels: three call sites of each pass lower to one Mosaic GPU custom call each (lowered for
+    # CUDA on the CPU: nothing compiles).
+    sd = jax.ShapeDtypeStruct
+    x = sd((2, 256, 2, 64), jnp.bfloat16)
+
+    def three_layers(q, k, v, code, seed, do):
+        for _ in range(3):
+            o, lse = kernel_mgpu_long.forward(q, k, v, code, seed, rate=0.1, interpret=False, programs=4)
+            q = kernel_mgpu_long.backward(q, k, v, code, seed, o, lse, do, rate=0.1, interpret=False, programs=4)[0]
+        return q
+
+    text = jax.jit(three_layers).trace(x, x, x, sd((2, 256), jnp.int32), sd((4,), jnp.uint32),
+                                       x).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == 2
+
+
 def test_mosaic_shape_errors():
     """A named Mosaic GPU implementation refuses other shapes and dtypes, naming them, before anything compiles."""
     q, k, v, _ = _inputs(jax.random.key(25), 1, 64, 64, 1, 64, jnp.bfloat16)
@@ -317,6 +374,13 @@ def test_mosaic_shape_errors():
         flash_attention(q, k, v, jnp.ones((1, 128), bool), impl="mosaic")
     with pytest.raises(ValueError, match="dtype=float16"):  # compiles the same way, but never ran on a GPU
         flash_attention(*(x.astype(jnp.float16) for x in (q, k, v)), jnp.ones((1, 128), bool), impl="mosaic_bwd")
+    q, k, v, _ = _inputs(jax.random.key(25), 1, 128, 128, 1, 64, jnp.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 128 above 128.*got S=128"):  # the S = 128 kernels' shape
+        flash_attention(q, k, v, jnp.ones((1, 128), bool), impl="mosaic_long")
+    qkv = jnp.zeros((1, 256, 3, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="no folded bias"):
+        flash_attention_qkv(qkv, jnp.ones((1, 256), bool), bias=jnp.zeros((3, 1, 64)), impl="mosaic_long",
+                            blocks=dataclasses.replace(default_blocks(256, 64), fold_bias=True))
 
 
 @pytest.mark.parametrize("device", ["h200", "h100", "cpu"])
@@ -437,10 +501,12 @@ def _check_packed(qkv, mask, g, *, rate, seed=1, bias=None, segments=False, **kw
         assert float(np.max(np.abs(np.asarray(got[2][1], np.float32)))) < tol * scale
         # The kernels sum the bias gradient from the tiles they store: it is dQKV summed over B and S, to fp32
         # summation order (k's part included, though it is only rounding noise). The dK/dV + dQ pair takes q's part
-        # from its fp32 dS instead (backward._dkdv_kernel), closer to the truth than the stored dQ's sum.
+        # from its fp32 dS instead (backward._dkdv_kernel), and the long-row Mosaic GPU backward from its fp32 dQ,
+        # both closer to the truth than the stored dQ's sum.
         dqkv_sum = np.asarray(got[1], np.float32).sum(axis=(0, 1))
         fused = (kw.get("blocks") or default_blocks(qkv.shape[1], qkv.shape[-1])).fused_bwd
-        parts = slice(0, 3) if fused or kw.get("impl", "triton").startswith("mosaic") else slice(1, 3)
+        from_stored = fused or kw.get("impl", "triton") in ("mosaic_bwd", "mosaic")  # mosaic_long: q's from fp32 dQ
+        parts = slice(0, 3) if from_stored else slice(1, 3)
         np.testing.assert_allclose(np.asarray(got[2], np.float32)[parts], dqkv_sum[parts], rtol=1e-4,
                                    atol=1e-5 * float(np.max(np.abs(dqkv_sum))))
 
@@ -521,7 +587,8 @@ _GPU_CASES = [(128, {}, "triton"), (128, {"fused_bwd": False, "key_major": False
               (128, {"fused_bwd": True, "key_major": True}, "triton"),
               (128, {"fused_bwd": True, "key_major": False}, "triton"), (512, {}, "triton"),
               (512, {"store_ds": False}, "triton"), (512, {"key_major": False, "store_ds": False}, "triton"),
-              (512, {"key_major": False}, "triton"), (128, {}, "mosaic_bwd"), (128, {}, "mosaic")]
+              (512, {"key_major": False}, "triton"), (128, {}, "mosaic_bwd"), (128, {}, "mosaic"),
+              (512, {}, "mosaic_long"), (256, {}, "mosaic_long")]
 
 
 def _gpu_blocks(s, variant, impl):
