@@ -106,18 +106,11 @@ def _tile(x, interpret):
 
 def _accumulate(interpret, *accs):
     """`_products` into running accumulators: each argument is (value, pairs) and returns value + the pairs'
-    products, the chains issued before any wait (compiled: wgmma into accumulators initialised with the values)."""
-    if interpret:
-        sums = _products(interpret, *[pairs for _, pairs in accs])
-        return tuple(value + s for (value, _), s in zip(accs, sums))
-    view = lambda x: x.ref.transpose((1, 0)) if isinstance(x, _t) else x  # noqa: E731
-
-    def body(refs):
-        for ref, (_, pairs) in zip(refs, accs):
-            for a, b in pairs:
-                plgpu.wgmma(ref, view(a), view(b))
-
-    return tuple(pl.run_state(body)(tuple(plgpu.ACC.init(value) for value, _ in accs)))
+    products, the chains issued before any wait. (The products go to fresh accumulators and are added in
+    registers: jax 0.11's `pl.run_state` over initialised accumulators fails to lower when its body reads an SMEM ref
+    indexed by a constant, as these read K and V.)"""
+    sums = _products(interpret, *[pairs for _, pairs in accs])
+    return tuple(value + s for (value, _), s in zip(accs, sums))
 
 
 def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs, units_per_head):
