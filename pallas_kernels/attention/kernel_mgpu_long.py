@@ -50,7 +50,8 @@ from .tiles import shapes
 __all__ = ["backward", "check_shape", "forward", "key_blocks", "shape_ok"]
 
 _BLOCK = 2 * _HALF  # rows of a key or query block: two warpgroup tiles
-_STAGES = 3  # forward: key blocks in SMEM (the last step's V, this step's and the next's)
+_STAGES = 2  # forward: key blocks in flight (this step's and the next's)
+_TILES32 = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))  # SMEM tiles of float32 rows
 
 
 def shape_ok(s: int, t: int, h: int, dtype) -> bool:
@@ -111,28 +112,6 @@ def _accumulate(interpret, *accs):
     indexed by a constant, as these read K and V.)"""
     sums = _products(interpret, *[pairs for _, pairs in accs])
     return tuple(value + s for (value, _), s in zip(accs, sums))
-
-
-def _overlapped(interpret, firsts, last, between):
-    """Issue the wgmma chains `firsts` (each a list of (a, b) pairs into its own fresh (64, 64) fp32 accumulator) and
-    then the chain `last`; wait for the firsts only and run `between(*their values)` while `last` is still on the
-    matrix unit; then wait for it. Returns (what `between` returned, last's value). Each wgmma is one commit group,
-    so a chain is ready once no more than the wgmmas issued after it are in flight."""
-    if interpret:
-        *values, final = _products(interpret, *firsts, last)
-        return between(*values), final
-    view = lambda x: x.ref.transpose((1, 0)) if isinstance(x, _t) else x  # noqa: E731
-
-    def body(*refs):
-        for ref, pairs in zip(refs, [*firsts, last]):
-            for a, b in pairs:
-                plgpu.wgmma(ref, view(a), view(b))
-        after = [sum(len(c) for c in firsts[i + 1:]) + len(last) for i in range(len(firsts))]
-        values = [plgpu.wgmma_accumulator_load(ref, wait_n=n) for ref, n in zip(refs, after)]
-        out = between(*values)
-        return out, plgpu.wgmma_accumulator_load(refs[-1], wait_n=0)
-
-    return pl.run_scoped(body, *[plgpu.ACC((_HALF, _HALF), jnp.float32) for _ in range(len(firsts) + 1)])
 
 
 def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs, units_per_head):
@@ -217,10 +196,6 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
             last = kb + 1 >= nkb_ref[bi]
             return jnp.where(last, i + 1, i), jnp.where(last, 0, kb + 1)
 
-        # The first step's "last V" (stage _STAGES - 1, loaded first by step 1): zeros, so its P V of zeros is 0
-        # (stale SMEM could hold NaN bit patterns). Visible to the matrix unit after the first step's meeting.
-        kv_s.at[_STAGES - 1, 1, pl.ds(w * _HALF, _HALF)][...] = (
-            _tile(jnp.zeros((_HALF, _HALF), jnp.float32), interpret).astype(dtype))
         cursor = issue((jnp.int32(0), jnp.int32(0)), 0)  # the first step; each step issues the one after it
         cols = _iota_cols(interpret) if drop else None
 
@@ -235,44 +210,31 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
                 first = _first(words_s.at[slot, w], bi, ni, heads, s, t, interpret)
 
             def key_block(kb, carry):
-                # Software-pipelined by one key block: this step's scores are formed while the matrix unit still
-                # multiplies the last step's probabilities by its V (FlashAttention-3's intra-warpgroup overlap).
-                j, cursor, m, l, alpha_prev, p_prev, acc = carry  # noqa: E741
-                stage, prev = j % _STAGES, (j + _STAGES - 1) % _STAGES
-                _sync_warpgroups(sync)  # both warpgroups are done with step j - 2: its stage takes step j + 1
+                j, cursor, m, l, acc = carry  # noqa: E741
+                stage = j % _STAGES
+                _sync_warpgroups(sync)  # both warpgroups are done with step j - 1: its stage takes step j + 1
                 cursor = issue(cursor, (j + 1) % _STAGES)
                 plgpu.barrier_wait(kv_bars.at[stage])
-                k_s, v_prev = kv_s.at[stage, 0], kv_s.at[prev, 1]
+                k_s, v_s = kv_s.at[stage, 0], kv_s.at[stage, 1]
+                s0, s1 = _products(interpret, [(q_tile, _t(k_s.at[halves[0]]))], [(q_tile, _t(k_s.at[halves[1]]))])
+                xs = [_masked_scores(sc, _per_col(code_s.at[stage, halves[kh]], interpret), scale)
+                      for kh, sc in enumerate((s0, s1))]
+                m_new = jnp.maximum(m, jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1)))
+                alpha = jnp.exp2(m - m_new)  # rescales the old sums; 0 on the first step (m = -inf)
+                ps = [jnp.exp2(x - lax.broadcast_in_dim(m_new, (_HALF, _HALF), [0])) for x in xs]
+                l = alpha * l + jnp.sum(ps[0], axis=1) + jnp.sum(ps[1], axis=1)  # before dropout  # noqa: E741
+                if drop:
+                    ps = [jnp.where(_keep(seeds, first + (kb * _BLOCK).astype(jnp.uint32), cols, kh, rate), p, 0.0)
+                          for kh, p in enumerate(ps)]
+                (acc,) = _accumulate(interpret, (acc * lax.broadcast_in_dim(alpha, (_HALF, _HALF), [0]),
+                                                 [(ps[0].astype(dtype), v_s.at[halves[0]]),
+                                                  (ps[1].astype(dtype), v_s.at[halves[1]])]))
+                return j + 1, cursor, m_new, l, acc
 
-                def softmax(s0, s1):
-                    xs = [_masked_scores(sc, _per_col(code_s.at[stage, halves[kh]], interpret), scale)
-                          for kh, sc in enumerate((s0, s1))]
-                    m_new = jnp.maximum(m, jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1)))
-                    alpha = jnp.exp2(m - m_new)  # rescales the old sums; 0 on the first step (m = -inf)
-                    ps = [jnp.exp2(x - lax.broadcast_in_dim(m_new, (_HALF, _HALF), [0])) for x in xs]
-                    l_new = alpha * l + jnp.sum(ps[0], axis=1) + jnp.sum(ps[1], axis=1)  # before dropout
-                    if drop:
-                        ps = [jnp.where(_keep(seeds, first + (kb * _BLOCK).astype(jnp.uint32), cols, kh, rate), p,
-                                        0.0) for kh, p in enumerate(ps)]
-                    return m_new, l_new, alpha, tuple(p.astype(dtype) for p in ps)
-
-                (m_new, l_new, alpha, ps), pv = _overlapped(
-                    interpret, [[(q_tile, _t(k_s.at[halves[0]]))], [(q_tile, _t(k_s.at[halves[1]]))]],
-                    [(p_prev[0], v_prev.at[halves[0]]), (p_prev[1], v_prev.at[halves[1]])], softmax)
-                # A unit's first step has no last step: p_prev is zeros, times the V of the step before (finite,
-                # or the zeros written below for the program's first step), so pv is 0.
-                acc = lax.broadcast_in_dim(alpha_prev, (_HALF, _HALF), [0]) * acc + pv
-                return j + 1, cursor, m_new, l_new, alpha, ps, acc
-
-            zeros16 = (_tile(jnp.zeros((_HALF, _HALF), jnp.float32), interpret).astype(dtype),) * 2
             init = (j, cursor, _vector(jnp.full((_HALF,), -jnp.inf, jnp.float32), 1, interpret),
                     _vector(jnp.zeros((_HALF,), jnp.float32), 1, interpret),
-                    _vector(jnp.ones((_HALF,), jnp.float32), 1, interpret), zeros16,
                     _tile(jnp.zeros((_HALF, _HALF), jnp.float32), interpret))
-            j, cursor, m, l, alpha, ps, acc = lax.fori_loop(0, nkb_ref[bi], key_block, init)  # noqa: E741
-            v_last = kv_s.at[(j + _STAGES - 1) % _STAGES, 1]  # the last step's P V, not yet formed
-            (pv,) = _products(interpret, [(ps[0], v_last.at[halves[0]]), (ps[1], v_last.at[halves[1]])])
-            acc = lax.broadcast_in_dim(alpha, (_HALF, _HALF), [0]) * acc + pv
+            j, cursor, m, l, acc = lax.fori_loop(0, nkb_ref[bi], key_block, init)  # noqa: E741
             inv = (1.0 / (1.0 - rate) if drop else 1.0) / l
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last unit's stores have read o_s and lse_s
             o_s.at[w][...] = (acc * lax.broadcast_in_dim(inv, (_HALF, _HALF), [0])).astype(dtype)
@@ -324,6 +286,21 @@ def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, h
                          packed=packed, bias_grad=bias_grad, programs=programs)
 
 
+def _snake(i, pid, grid: int):
+    """The head index of program `pid` in round i: rounds of `grid` heads, odd rounds in reverse, so that over the
+    heads sorted by cost the programs' totals even out (the longest with the shortest)."""
+    return i * grid + jnp.where(i % 2 == 0, pid, grid - 1 - pid)
+
+
+def _rounds(n_heads: int, grid: int, pid):
+    """How many heads program `pid` takes under `_snake`: every full round, and the last one if its index is inside."""
+    full, rest = divmod(n_heads, grid)
+    if rest == 0:
+        return full
+    last = jnp.where(full % 2 == 0, pid, grid - 1 - pid)
+    return full + (last < rest).astype(jnp.int32)
+
+
 def _add_to(dq_s, dst, value, accumulate, rmw_bar, interpret):
     """Write `value` (64, 64) fp32 to the GMEM tile `dst` through the SMEM staging `dq_s`: a plain store, or where
     `accumulate` (traced) a TMA reduction adding to it. Interpret mode, which has no TMA reductions, reads the tile
@@ -361,8 +338,8 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
         (kv_s, buf, p_s, ds_s, dq_s, lse_s, delta_s, code_s, words_s, ones_s, sum_s), step_bars, kv_bar, rmw_bars, \
             sync = refs.pop()
         in_refs = [refs.pop(0) for _ in range(1 if packed else 3)]
-        code_ref, nkb_ref, do_ref, lse_ref, delta_ref = refs[:5]
-        refs = refs[5:]
+        code_ref, nkb_ref, order_ref, do_ref, lse_ref, delta_ref = refs[:6]
+        refs = refs[6:]
         words_ref = refs.pop(0) if drop else None
         out_refs = refs  # dqkv or (dk, dv), then dq (fp32), then the bias-gradient sums
         sums_ref = out_refs.pop() if bias_grad else None
@@ -372,10 +349,10 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
         pid, w = lax.axis_index("p"), lax.axis_index("wg")
         rows = pl.ds(w * _HALF, _HALF)  # this warpgroup's half of a block
         halves = [pl.ds(kh * _HALF, _HALF) for kh in (0, 1)]
-        mine = (n_heads - 1 - pid) // grid + 1
+        mine = _rounds(n_heads, grid, pid)
 
-        def head(i):
-            x = jnp.minimum(pid + i * grid, n_heads - 1)
+        def head(i):  # (b, n) of this program's i-th head: round i of the snake over the heads, longest first
+            x = order_ref[jnp.minimum(_snake(i, pid, grid), n_heads - 1)]
             return x // n, x % n
 
         def rows_of(refs_, c, bi, ni, r0):  # GMEM (64, H) rows [r0, r0 + 64) of q / k / v (c = 0, 1, 2) or grads
@@ -468,8 +445,10 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                         seeds = _seeds(words_s.at[slot, w], interpret)
                         first = (_first(words_s.at[slot, w], bi, ni, heads, s, s, interpret)
                                  + (kb * _BLOCK).astype(jnp.uint32))
-                    def grads(kh, sc, dp):
-                        """P (dropped) and dS of key half kh, stored to SMEM; dS in the inputs' dtype."""
+                    ds16 = []
+                    for kh in (0, 1):  # one key half at a time: two (64, 64) fp32 tiles live, not four
+                        sc, dp = _products(interpret, [(q_s.at[rows], _t(kv_s.at[0, halves[kh]]))],
+                                           [(do_s.at[rows], _t(kv_s.at[1, halves[kh]]))])
                         code = _per_col(code_s.at[halves[kh]], interpret)
                         real = code > 0
                         p = jnp.exp2(_masked_scores(sc, code, scale, real) - lse)
@@ -479,21 +458,10 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                             inv_keep = 1.0 / (1.0 - rate)
                             pd = jnp.where(keep, p * inv_keep, 0.0)
                             dp = jnp.where(keep, dp * inv_keep, 0.0)
-                        ds = jnp.where(real, p * (dp - delta), 0.0).astype(dtype)
+                        ds16.append(jnp.where(real, p * (dp - delta), 0.0).astype(dtype))
                         p_s.at[kh, rows][...] = pd.astype(dtype)  # (key half, query, key)
-                        ds_s.at[kh, rows][...] = ds
-                        return ds
-
-                    # One key half at a time (two (64, 64) fp32 tiles live, not four); the second half's scores
-                    # are formed while the first half's dQ share is on the matrix unit.
-                    sc, dp = _products(interpret, [(q_s.at[rows], _t(kv_s.at[0, halves[0]]))],
-                                       [(do_s.at[rows], _t(kv_s.at[1, halves[0]]))])
-                    ds0 = grads(0, sc, dp)
-                    ds1, dq0 = _overlapped(interpret, [[(q_s.at[rows], _t(kv_s.at[0, halves[1]]))],
-                                                       [(do_s.at[rows], _t(kv_s.at[1, halves[1]]))]],
-                                           [(ds0, kv_s.at[0, halves[0]])], lambda sc, dp: grads(1, sc, dp))
-                    (dq1,) = _products(interpret, [(ds1, kv_s.at[0, halves[1]])])
-                    dq = dq0 + dq1
+                        ds_s.at[kh, rows][...] = ds16[kh]
+                    (dq,) = _products(interpret, [(ds16[0], kv_s.at[0, halves[0]]), (ds16[1], kv_s.at[0, halves[1]])])
                     _add_to(dq_s.at[w], dq_ref.at[bi, pl.ds(qb * _BLOCK + w * _HALF, _HALF), ni], dq * scale,
                             kb > 0, rmw_bars.at[w], interpret)
                     _sync_warpgroups(sync)  # P and dS of both query halves in SMEM; K and V read for the last time
@@ -546,7 +514,7 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
             plgpu.SMEM((2, 2, _BLOCK, h), dtype, transforms=_TILES),  # two steps' Q and dO
             plgpu.SMEM((2, _BLOCK, _HALF), dtype, transforms=_TILES),  # P (dropped), by key half
             plgpu.SMEM((2, _BLOCK, _HALF), dtype, transforms=_TILES),  # dS by key half; then dK, dV staged
-            plgpu.SMEM((2, _HALF, h), jnp.float32),  # dQ shares, staged by warpgroup
+            plgpu.SMEM((2, _HALF, h), jnp.float32, transforms=_TILES32),  # dQ shares, staged by warpgroup
             plgpu.SMEM((2, _BLOCK), jnp.float32), plgpu.SMEM((2, _BLOCK), jnp.float32),  # lse, delta (two steps)
             plgpu.SMEM((_BLOCK,), jnp.int32),  # mask codes of the key block
             plgpu.SMEM((2, 2, 3, _HALF), jnp.uint32),  # two steps' dropout words, by warpgroup
@@ -559,7 +527,9 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                       plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
     delta = jnp.einsum("bsnh,bsnh->bns", o.astype(jnp.float32), do.astype(jnp.float32))  # rowsum(dO * O)
-    inputs = ([q] if packed else [q, k, v]) + [code, key_blocks(code), do, lse, delta]
+    nkb = key_blocks(code)
+    order = jnp.argsort(-jnp.repeat(nkb, n), stable=True).astype(jnp.int32)  # heads b * N + n, most key blocks first
+    inputs = ([q] if packed else [q, k, v]) + [code, nkb, order, do, lse, delta]
     if drop:
         inputs.append(_row_words(seed, heads, s, s))
     out = list(plgpu.kernel(entry, out_type=tuple(out_types), grid=(grid,), grid_names=("p",), num_threads=2,
