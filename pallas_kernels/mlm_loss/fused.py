@@ -14,9 +14,9 @@ Backward, two forms (`probs_dtype`):
   uniformly; 0 on padding columns), and keeps it with the (N, V / BV) tile maxes as residuals: N * V * itemsize
   bytes (bfloat16: 78 MB at 1280 rows of the model's 30592-row table). The backward is then XLA only:
   d_logits = (P' exp(m_tile - logz) - onehot) * g in float32, cast to h's dtype, and its float32 column sums; no
-  GEMM over the table is recomputed. P''s rounding reaches d_logits and the bias gradient: in bfloat16 up to 2^-8 of
-  each probability, which puts the bias gradient at 2-3e-4 of its largest element from float64 where the recompute
-  path is at 1e-7 (tests/ops/test_mlm_loss.py); in float32 it is the recompute path's to rounding.
+  GEMM over the table is recomputed. P''s rounding reaches d_logits and the bias gradient: in bfloat16 up to 2^-8
+  of each probability, which puts the bias gradient at 1.5-3e-4 of its largest element from float64 where the
+  recompute path is at 1-2e-7 (tests/ops/test_mlm_loss.py); in float32 it is the recompute path's to rounding.
 
 Both forms then run dh = d_logits E and dE = d_logits^T h as two XLA (cuBLAS) GEMMs, as in the reference and the
 chunked loss; d_logits (N, V) in the compute dtype is the backward's transient of that size (the reference keeps the
