@@ -7,14 +7,17 @@ forward and forward+backward.
     PYTHONPATH=. python benchmarks/kernels.py --ops attention --peers  # with cuDNN (jax.nn.dot_product_attention)
     PYTHONPATH=. python benchmarks/kernels.py --ops attention,layer_norm,mlm_loss --peers --passes fwd+bwd  # + tokamax
     PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss      # MLM cross-entropy: logits, chunks, fused kernels
+    PYTHONPATH=. python benchmarks/kernels.py --ops mlm_loss --passes fwd+bwd --device-time 20 --mlm-table 30592 \
+        --breakdown 8                                             # on the model's padded table, its kernels listed
     PYTHONPATH=. python benchmarks/kernels.py --ops embedding     # the embedding block: XLA vs its fused kernels
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln,bias_gelu --passes fwd+bwd --device-time 20  # device time
 
 Rows: every implementation the registry has for the operator that runs the case on this device (named by
 `--impls`: xla, triton, mosaic, mosaic_bwd, chunked; `python -m jaxformer.ops --table` lists them), the XLA
-reference always (the baseline), plus a few variants beside them (the MLM loss's chunk widths and tile shapes; the
-unfused softmax kernel) and, with `--peers`, other libraries' attention (cuDNN and XLA through
-`jax.nn.dot_product_attention`, without dropout; JAX's own Mosaic GPU flash attention, without a mask) and, where
+reference always (the baseline), plus a few variants beside them (the MLM loss's chunk widths, tile shapes and
+stored-probabilities backward, `triton-stored-bf16|f16|f32`; the unfused softmax kernel) and, with `--peers`, other
+libraries' attention (cuDNN and XLA through `jax.nn.dot_product_attention`, without dropout; JAX's own Mosaic GPU
+flash attention, without a mask) and, where
 `tokamax` imports (openxla's kernel library, jax >= 0.11.1: `pip install -e ".[peers]"`, or offline the wheels in
 shared/peers: `eval "$(bash shared/peers/install.sh)"`), tokamax's attention (`tokamax-mosaic|triton|cudnn|xla`,
 with the key mask, without dropout), layer norm (`tokamax-triton|xla`) and linear + softmax cross-entropy
@@ -105,17 +108,20 @@ def _new_outputs(step):
     return run
 
 
-def device_time(step, args, calls, min_bytes=None):
+def device_time(step, args, calls, min_bytes=None, breakdown=0):
     """Seconds per call of `step(args)`'s kernels on the device (the profiler's summed kernel time), over `calls`
     unchained calls, each on the next of K copies of `args` (K x bytes >= `min_bytes`, default `ROTATE_BYTES`).
-    Outputs that are inputs or repeats are dropped first (`_new_outputs`): their copies are not the step's work."""
+    Outputs that are inputs or repeats are dropped first (`_new_outputs`): their copies are not the step's work.
+    `breakdown` > 0 also prints that many of the kernels, longest first, with their device time per call."""
     from jaxformer.hlo_profile import profile_compiled
     compiled = jax.jit(_new_outputs(step)).lower(args).compile()
     nbytes = max(1, sum(x.nbytes for x in jax.tree.leaves(args)))
     k = max(1, -(-(min_bytes or ROTATE_BYTES[0]) // nbytes))
     copies = itertools.cycle([jax.tree.map(lambda x: x.copy(), args) for _ in range(k)])
     times = profile_compiled(compiled, (next(copies),), calls, carry=lambda out, a: (next(copies),),
-                             log=lambda m: None)
+                             log=lambda m: None, by="both" if breakdown else "hlo_op")
+    for k, ns in sorted(times.items(), key=lambda kv: -kv[1])[:breakdown]:
+        print(f"    {ns / calls / 1e3:9.1f} us  {k[:150]}", file=sys.stderr, flush=True)
     return sum(times.values()) / calls * 1e-9
 
 
@@ -191,10 +197,14 @@ def _registry_impls(op: str, call, entry, device) -> dict:
 # at 1280 rows (benchmarks/results/kernels-h200.md, MLM loss).
 MLM_VARIANTS = {"triton-fwd128x256": mlm_kernel.Blocks(block_v=256, num_warps=8),
                 "triton-all128x256": mlm_kernel.Blocks(block_v=256, num_warps=8, bwd_block_v=256, bwd_num_warps=8)}
+# The fused loss with the stored-probabilities backward (`probs_dtype`): the forward stores exp(logit - tile max)
+MLM_STORED = {"triton-stored-bf16": "bfloat16", "triton-stored-f16": "float16", "triton-stored-f32": "float32"}
+MLM_VOCAB = 30522  # BERT's vocabulary; a larger --mlm-table pads the table past it, as the model stores it
 
 
-def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
-    """The benchmark's cases for the operators `ops`, in `dtype`, batch sizes divided by `scale`."""
+def cases(ops, dtype, scale=1, peers=False, device=None, mlm_table=MLM_VOCAB, mlm_vocab=MLM_VOCAB) -> list[Case]:
+    """The benchmark's cases for the operators `ops`, in `dtype`, batch sizes divided by `scale`; the MLM loss's
+    table has `mlm_table` rows, those past `mlm_vocab` padding (passed as vocab_size, as the model calls it)."""
     device = registry.Device.current() if device is None else device
     key = jax.random.split(jax.random.key(1), 8)
     seed = seed_from_key(key[7])
@@ -294,31 +304,40 @@ def cases(ops, dtype, scale=1, peers=False, device=None) -> list[Case]:
                                 call))
     if "mlm_loss" in ops:
         # The MLM head's tied decoder + cross-entropy at BERT-large's masked rows per step (B64 x P20 at S=128,
-        # B16 x P80 at S=512: 1280) and 4x that; V = 30522, D = 1024. The output is folded into h's shape
-        # (h + 0 * nll) so that iterations chain; that add is 2.6 MB of the hundreds of MB of logits moved.
+        # B16 x P80 at S=512: 1280) and 4x that; D = 1024, a table of `mlm_table` rows (the model's is 30592,
+        # BertConfig.padded_vocab_size: 30522 real columns). The output is folded into h's shape (h + 0 * nll) so
+        # that iterations chain; that add is 2.6 MB of the hundreds of MB of logits moved.
         from pallas_kernels import mlm_loss
-        v, d = 30522, 1024
+        v, d = mlm_table, 1024
+        real = min(mlm_vocab, v)
+        valid = None if real == v else real
         for rows in (1280 // scale, 5120 // scale):
             h = jax.random.normal(key[0], (rows, d), dtype)
             emb = 0.02 * jax.random.normal(key[1], (v, d))
             out_bias = 0.02 * jax.random.normal(key[2], (v,))
-            labels = jax.random.randint(key[3], (rows,), 0, v)
+            labels = jax.random.randint(key[3], (rows,), 0, real)
 
             def chained(f):
                 return lambda h, e, b, lab: h + 0 * f(h, e, b, lab)[0][:, None].astype(h.dtype)
             call = mlm_loss.Call(rows, v, d, name)
             impls = _registry_impls("mlm_cross_entropy", call, lambda impl, blocks: chained(
-                lambda *a: mlm_loss.mlm_cross_entropy(*a, impl=impl, blocks=blocks)), device)
+                lambda *a: mlm_loss.mlm_cross_entropy(*a, impl=impl, blocks=blocks, vocab_size=valid)), device)
             if "chunked" in impls:
                 for c in (4096, 8192, 32768):  # beside the default 16384; 32768 > V: one chunk
-                    impls[f"chunked-{c}"] = chained(lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c))
+                    impls[f"chunked-{c}"] = chained(
+                        lambda *a, c=c: mlm_loss.mlm_cross_entropy_chunked(*a, chunk=c, vocab_size=valid))
             if "triton" in impls:
                 for variant, bl in MLM_VARIANTS.items():
-                    impls[variant] = chained(lambda *a, bl=bl: mlm_loss.mlm_cross_entropy_fused(*a, blocks=bl))
-            for impl in ("xla", "chunked_xla") if tk else ():  # no output bias; weights (D, V); per-row nll
+                    impls[variant] = chained(
+                        lambda *a, bl=bl: mlm_loss.mlm_cross_entropy_fused(*a, blocks=bl, vocab_size=valid))
+                for variant, pd in MLM_STORED.items():
+                    impls[variant] = chained(
+                        lambda *a, pd=pd: mlm_loss.mlm_cross_entropy_fused(*a, vocab_size=valid, probs_dtype=pd))
+            for impl in ("xla", "chunked_xla") if tk else ():  # no output bias or padding; weights (D, V)
                 impls[f"tokamax-{impl}-nobias"] = chained(
                     lambda h, e, b, lab, ce=_tokamax_cross_entropy(tk, impl): (ce(h, e.astype(h.dtype).T, lab),))
-            out.append(Case("mlm_loss", f"{rows}x{d} V{v}", impls, (h, emb, out_bias, labels), 3))
+            out.append(Case("mlm_loss", f"{rows}x{d} V{v}" + (f"/{valid}" if valid else ""), impls,
+                            (h, emb, out_bias, labels), 3))
     if "layer_norm" in ops:
         # The plain layernorm (the MLM head's; float32 statistics), beside tokamax's with --peers. Bytes: fwd reads x,
         # writes y; bwd reads x and dy, writes dx.
@@ -451,6 +470,14 @@ def main():
     ap.add_argument("--device-time", type=int, default=0, metavar="CALLS",
                     help="time each operator by its kernels' device time over CALLS calls on rotated inputs (a GPU; "
                          "XLA's command buffers off) instead of as a timed chain")
+    ap.add_argument("--breakdown", type=int, default=0, metavar="TOP",
+                    help="with --device-time: also list the TOP longest kernels of each timed row (stderr), from the "
+                         "same profiled calls")
+    ap.add_argument("--mlm-table", type=int, default=MLM_VOCAB, metavar="ROWS",
+                    help="the MLM loss's table rows, those past --mlm-vocab padding: 30592 is the model's table "
+                         f"(BertConfig.padded_vocab_size, 128-aligned) for BERT's {MLM_VOCAB}")
+    ap.add_argument("--mlm-vocab", type=int, default=MLM_VOCAB, metavar="REAL",
+                    help="the MLM loss's real columns (vocab_size; at most --mlm-table)")
     ap.add_argument("--xla-gemm", choices=("xla", "cublas"), default="xla",
                     help="cublas: XLA's Triton GEMM emitter off (what the train step's xla_gemm=cublas sets per jit)")
     a = ap.parse_args()
@@ -473,7 +500,8 @@ def main():
     print("| op | shape | pass | impl | us | xla us | speed-up vs xla | % of copy BW | blocks |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     device = registry.Device.current()
-    for case in cases(a.ops.split(","), dtype, a.scale, peers=a.peers, device=device):
+    for case in cases(a.ops.split(","), dtype, a.scale, peers=a.peers, device=device, mlm_table=a.mlm_table,
+                      mlm_vocab=a.mlm_vocab):
         if a.only not in case.label:
             continue
         op, label, impls, args, n_in = case.op, case.label, case.impls, case.args, case.n_in
@@ -500,8 +528,11 @@ def main():
                             err = check_against(fn, impls["xla"], args, n_in, name)
                             if not err < 2e-2:
                                 raise AssertionError(f"relative error {err:.2e} against the XLA reference")
+                        if a.device_time and a.breakdown:
+                            print(f"  kernels of {op} {label} {name} {impl}:", file=sys.stderr, flush=True)
                         # the layer: shorter chains (each iteration is a whole encoder layer; compiles faster)
-                        t = (device_time(step_for(fn), args, a.device_time) if a.device_time else
+                        t = (device_time(step_for(fn), args, a.device_time, breakdown=a.breakdown)
+                             if a.device_time else
                              per_iteration(step_for(fn), args, a.repeats, lengths=(1, 4) if op == "layer" else None))
                     except Exception as e:  # a candidate that does not compile is reported and skipped
                         why = "; ".join(f"{type(x).__name__}: {x}" for x in e.exceptions) \

@@ -6,7 +6,8 @@ BK-wide `dot`s with float32 accumulation; they never leave registers:
 
 - forward: per tile and row, the max, the sum of exp(logit - max), the label's logit and the first column reaching
   the max, as four (N, V / BV) partials; `fused.py` combines them into logsumexp, nll and argmax (a few numbers per
-  row).
+  row). With `probs_dtype` it also stores the tile's exp(logit - max) (N, V) in that dtype, the residual of
+  `fused.py`'s stored-probabilities backward, which then needs no backward kernel.
 - backward: the tile's logits again, d_logits = (exp(logit - logz) - onehot(label)) * g in float32, stored in the
   compute dtype (what the two gradient GEMMs read, as the chunked loss and the reference feed theirs), and the
   tile's column sums of d_logits (float32) as partial sums of the bias gradient; `fused.py` runs dh = d_logits E and
@@ -113,7 +114,7 @@ def _store(ref, value, mask):
         pltriton.store(ref, value, mask=mask)
 
 
-def _fwd_kernel(h_ref, e_ref, b_ref, lab_ref, m_ref, s_ref, ll_ref, am_ref, *, n, v, valid, bk):
+def _fwd_kernel(h_ref, e_ref, b_ref, lab_ref, m_ref, s_ref, ll_ref, am_ref, p_ref=None, *, n, v, valid, bk):
     cols, rows_ok, cols_ok, real = _indices(h_ref.shape[0], e_ref.shape[0], n, v, valid)
     logits = _logits_tile(h_ref, e_ref, b_ref, rows_ok, cols_ok, bk=bk)
     if real is not None:  # padding columns and columns past V never win and add nothing
@@ -121,8 +122,11 @@ def _fwd_kernel(h_ref, e_ref, b_ref, lab_ref, m_ref, s_ref, ll_ref, am_ref, *, n
     m = jnp.max(logits, axis=1)
     m_safe = jnp.where(m == -jnp.inf, 0.0, m)  # a tile of padding only: sum 0, never the row's max
     labels = _load_rows(lab_ref, rows_ok, -1)
+    p = jnp.exp(logits - m_safe[:, None])  # in [0, 1]: 1 at the tile max, 0 on padding columns
+    if p_ref is not None:  # the stored-probabilities backward's residual, relative to the tile's own max
+        _store(p_ref, p.astype(p_ref.dtype), _tile_mask(rows_ok, cols_ok, p.shape))
     _store(m_ref, m, rows_ok)
-    _store(s_ref, jnp.sum(jnp.exp(logits - m_safe[:, None]), axis=1), rows_ok)
+    _store(s_ref, jnp.sum(p, axis=1), rows_ok)
     _store(ll_ref, jnp.sum(jnp.where(cols[None, :] == labels[:, None], logits, 0.0), axis=1), rows_ok)
     # first column reaching the max (jnp.argmax's tie rule); fused.py takes the first tile reaching the row's max
     _store(am_ref, jnp.min(jnp.where(logits == m[:, None], cols[None, :], _NO_COLUMN), axis=1), rows_ok)
@@ -148,18 +152,23 @@ def _specs(bm: int, bv: int, d: int):
             pl.BlockSpec((bv,), lambda i, j: (j,)), pl.BlockSpec((bm,), lambda i, j: (i,))]
 
 
-def forward_partials(h, e, bias, labels, *, valid: int, blocks: Blocks, interpret: bool):
+def forward_partials(h, e, bias, labels, *, valid: int, blocks: Blocks, interpret: bool, probs_dtype=None):
     """h (N, D), e (V, D) in h's dtype, bias (V,) float32, labels (N,) int32 -> four (N, ceil(V / BV)) partials:
-    row max, sum of exp(logit - max), the label's logit (0 where the label is not in the tile), first argmax."""
+    row max, sum of exp(logit - max), the label's logit (0 where the label is not in the tile), first argmax.
+    With `probs_dtype`, a fifth output: (N, V) exp(logit - tile max) in that dtype (0 on padding columns)."""
     (n, d), v = h.shape, e.shape[0]
     bm, bv, bk = tile_sizes(n, v, d, blocks)
     grid = (pl.cdiv(n, bm), pl.cdiv(v, bv))
     part = pl.BlockSpec((bm, None), lambda i, j: (i, j))
+    specs = [part] * 4
     shapes = [jax.ShapeDtypeStruct((n, grid[1]), jnp.float32)] * 3 + [jax.ShapeDtypeStruct((n, grid[1]), jnp.int32)]
+    if probs_dtype is not None:
+        specs.append(pl.BlockSpec((bm, bv), lambda i, j: (i, j)))
+        shapes.append(jax.ShapeDtypeStruct((n, v), probs_dtype))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, n=n, v=v, valid=valid, bk=bk), grid=grid, in_specs=_specs(bm, bv, d),
-        out_specs=[part] * 4, out_shape=shapes, compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
-        interpret=interpret, name="mlm_ce_fwd",
+        out_specs=specs, out_shape=shapes, compiler_params=compiler_params(blocks.num_warps, blocks.num_stages),
+        interpret=interpret, name="mlm_ce_fwd" if probs_dtype is None else "mlm_ce_fwd_probs",
     )(h, e, bias, labels)
 
 

@@ -1,6 +1,6 @@
 """The MLM cross-entropy: the chunked loss and the fused kernels against the reference that materialises the logits
-(values, argmax and gradients; the kernels in interpret mode here, compiled on a GPU in the gpu-marked test), and the
-registry's choice between them."""
+(values, argmax and gradients; the kernels in interpret mode here, compiled on a GPU in the gpu-marked tests), both
+backward forms of the kernels (recomputing, stored probabilities), and the registry's choice between them."""
 
 import logging
 
@@ -294,14 +294,21 @@ def test_fused_bad_input_raises():
     with pytest.raises(ValueError, match="vocab_size=11"):
         mlm_cross_entropy_fused(jnp.ones((2, 16), jnp.bfloat16), jnp.ones((10, 16)), jnp.ones((10,)),
                                 jnp.zeros((2,), jnp.int32), vocab_size=11)
+    with pytest.raises(ValueError, match="probs_dtype=int8"):
+        mlm_cross_entropy_fused(jnp.ones((2, 16), jnp.bfloat16), jnp.ones((10, 16)), jnp.ones((10,)),
+                                jnp.zeros((2,), jnp.int32), probs_dtype=jnp.int8)
 
 
-def test_fused_under_a_data_fsdp_mesh():
+@pytest.mark.parametrize("probs_dtype", [None, "bfloat16"])
+def test_fused_under_a_data_fsdp_mesh(probs_dtype):
     """data=2,fsdp=4 as the train step places it (h on the batch, the table split on D over fsdp): the kernels run
     per batch shard in shard_map and give the one-device values and gradients (the replicated table's and bias's
-    gradients summed over the shards once)."""
+    gradients summed over the shards once), with the recomputing backward kernel or the stored probabilities (split
+    on the rows like h, the backward's elementwise pass and column sums left to GSPMD)."""
     h, e, bias, labels, w = _inputs((8, 5), 300, 32, jnp.bfloat16, jnp.float32, seed=11)
-    _check_on_data_fsdp_mesh(_fused(Blocks(block_m=16, block_v=64, bwd_block_v=64), 290), h, e, bias, labels % 290, w)
+    blocks = Blocks(block_m=16, block_v=64, bwd_block_v=64)
+    _check_on_data_fsdp_mesh(lambda *a: mlm_cross_entropy_fused(*a, vocab_size=290, blocks=blocks,
+                                                                probs_dtype=probs_dtype), h, e, bias, labels % 290, w)
 
 
 @pytest.mark.gpu
@@ -317,3 +324,89 @@ def test_fused_compiled_at_bert_large(rows):
     assert (np.asarray(pred) == np.asarray(pred_ref)).mean() >= 0.98
     for g, g_ref in zip(grads, grads_ref):
         _close(g, g_ref, 2e-2)
+
+
+# ------------------------------------------------------------------- the stored-probabilities backward of the kernels
+
+UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
+
+
+def _bias_float64(h, e, bias, labels, w, valid):
+    """The float64 bias gradient of sum(nll * w) over the real columns and, per column, sum_n |w_n| (p_nc + onehot_nc)
+    and sum |w|: what `_over_bound` scales the allowed error by."""
+    h64, e64 = np.asarray(h, np.float64).reshape(-1, h.shape[-1]), np.asarray(e.astype(h.dtype), np.float64)
+    logits = (h64 @ e64.T + np.asarray(bias, np.float64))[:, :valid]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    onehot = np.asarray(labels).reshape(-1, 1) == np.arange(valid)
+    w64 = np.asarray(w, np.float64).reshape(-1, 1)
+    return ((p - onehot) * w64).sum(0), (np.abs(w64) * (p + onehot)).sum(0), np.abs(w64).sum()
+
+
+def _over_bound(db, ref, u):
+    """max over the real columns of |d_bias - float64| / ((u + 1e-5) * sum_n |w_n| (p_nc + onehot_nc) + 2^-24 sum|w|):
+    each stored probability may be off by u of itself (u = the storage's unit roundoff; 2^-24 absolute covers
+    float16's subnormals), plus float32's own rounding. A tile scaled by the wrong max is off by far more."""
+    db64, scale, total = ref
+    bound = (u + 1e-5) * scale + 2.0**-24 * total
+    return float(np.max(np.abs(np.asarray(db, np.float64)[: db64.size] - db64) / bound))
+
+
+STORED_CASES = FUSED_CASES + [((20,), 200, 190, 32, Blocks(block_m=16, block_v=64))]  # + ties, below
+
+
+@pytest.mark.parametrize("case", range(len(STORED_CASES)))
+def test_fused_stored_probabilities_backward(case):
+    """probs_dtype: the forward stores exp(logit - tile max) and the backward scales it by exp(tile max - logz) in
+    XLA. Fresh inputs on partial row and column tiles, V below one tile, a tile of padding only, and (the last case)
+    logits tied within a tile and across tiles (the partial last one): the forward's outputs are the recompute path's
+    bit for bit; the bias gradient is within its storage's rounding of float64 column by column; dh and dE match the
+    recompute path's and the reference's; padding columns get zero gradient."""
+    lead, v, valid, d, blocks = STORED_CASES[case]
+    h, e, bias, labels, w = _inputs(lead, v, d, jnp.bfloat16, jnp.float32, seed=20 + case)
+    labels = labels % valid
+    if case == len(STORED_CASES) - 1:  # columns 3, 5 (tile 0), 70 (tile 1), 150 and 189 (tile 2, partial) tie
+        ties = jnp.array([3, 5, 70, 150, 189])
+        e = e.at[ties].set(e[3])
+        bias = bias.at[ties].set(3.0)
+    (nll, pred), grads = _run(_fused(blocks, valid), h, e, bias, labels, w)
+    (_, _), grads_ref = _run(lambda *a: mlm_cross_entropy(*a, vocab_size=valid), h, e, bias, labels, w)
+    ref64 = _bias_float64(h, e, bias, labels, w, valid)
+    assert _over_bound(grads[2], ref64, 0.0) < 1
+    for probs_dtype, u in UNIT_ROUNDOFF.items():
+        fn = lambda *a, pd=probs_dtype: mlm_cross_entropy_fused(*a, vocab_size=valid, blocks=blocks,  # noqa: E731
+                                                                probs_dtype=pd)
+        (nll_s, pred_s), grads_s = _run(fn, h, e, bias, labels, w)
+        np.testing.assert_array_equal(np.asarray(nll_s), np.asarray(nll))
+        np.testing.assert_array_equal(np.asarray(pred_s), np.asarray(pred))
+        assert _over_bound(grads_s[2], ref64, u) < 1, probs_dtype
+        for g, g_rec, g_ref, x in zip(grads_s, grads, grads_ref, (h, e, bias)):
+            assert g.dtype == x.dtype and g.shape == x.shape
+            _close(g, g_rec, 2e-2)
+            _close(g, g_ref, 2e-2)
+        assert not np.any(np.asarray(grads_s[1])[valid:]) and not np.any(np.asarray(grads_s[2])[valid:])
+
+
+@pytest.mark.gpu
+def test_fused_stored_probabilities_compiled():
+    """Compiled, on the model's table (30592 rows, 30522 real: the last tile part padding) at D = 1024 with 1000 rows
+    (a partial row tile), fresh inputs: each probs_dtype's forward is the recompute path's (to 1e-6), its bias
+    gradient within its storage's rounding of float64 column by column (the recompute path's within float32's),
+    dh and dE as the recompute path's and the reference's."""
+    v, valid = 30592, 30522
+    h, e, bias, labels, w = _inputs((1000,), v, 1024, jnp.bfloat16, jnp.float32, seed=30)
+    labels = labels % valid
+    (nll, pred), grads = _run(_fused(None, valid), h, e, bias, labels, w)
+    _, grads_ref = _run(lambda *a: mlm_cross_entropy(*a, vocab_size=valid), h, e, bias, labels, w)
+    ref64 = _bias_float64(h, e, bias, labels, w, valid)
+    assert _over_bound(grads[2], ref64, 0.0) < 1
+    for probs_dtype, u in UNIT_ROUNDOFF.items():
+        fn = lambda *a, pd=probs_dtype: mlm_cross_entropy_fused(*a, vocab_size=valid, probs_dtype=pd)  # noqa: E731
+        (nll_s, pred_s), grads_s = _run(fn, h, e, bias, labels, w)
+        _close(nll_s, nll, 1e-6)  # the same forward math (compiled separately: equal in practice, not by contract)
+        assert (np.asarray(pred_s) == np.asarray(pred)).mean() >= 0.999
+        assert _over_bound(grads_s[2], ref64, u) < 1, probs_dtype
+        for g, g_rec, g_ref in zip(grads_s, grads, grads_ref):
+            _close(g, g_rec, 2e-2)
+            _close(g, g_ref, 2e-2)
+        assert not np.any(np.asarray(grads_s[1])[valid:]) and not np.any(np.asarray(grads_s[2])[valid:])
