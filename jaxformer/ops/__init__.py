@@ -26,11 +26,13 @@ attention: softmax(q k^T / sqrt(H), key mask) with dropout, times v (SM, BS)
   2. triton      FlashAttention-2 in Triton (forward.py, backward.py)
   3. xla         the jax.numpy reference (XLA fuses it)
      mosaic      both passes in Mosaic GPU (kernel_mgpu.py; only when named): Hopper+, S = T = 128, H = 64, bf16
+     mosaic_long both passes in Mosaic GPU for long rows (kernel_mgpu_long.py; only when named): Hopper+, S = T = 256, 384, ..., H = 64, bf16
 attention_qkv: the same on the packed (B, S, 3, N, H) projection, its bias folded in (AIB)
   1. mosaic_bwd  Triton forward, Mosaic GPU one-kernel backward (kernel_mgpu.py): Hopper+, S = T = 128, H = 64, bf16
   2. triton      FlashAttention-2 in Triton (forward.py, backward.py)
   3. xla         the jax.numpy reference (XLA fuses it)
      mosaic      both passes in Mosaic GPU (kernel_mgpu.py; only when named): Hopper+, S = T = 128, H = 64, bf16
+     mosaic_long both passes in Mosaic GPU for long rows (kernel_mgpu_long.py; only when named): Hopper+, S = T = 256, 384, ..., H = 64, bf16
 mlm_cross_entropy: the tied MLM decoder + softmax cross-entropy and argmax
   1. triton      fused Pallas GEMM + cross-entropy kernels (fused.py, kernel.py): 16-bit h, width a multiple of 16
   2. chunked     vocabulary chunks in a lax.scan (chunked.py)

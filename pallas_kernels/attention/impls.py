@@ -85,8 +85,8 @@ TRITON = Kernels("triton", _forward.forward, _backward.backward, "FlashAttention
 MOSAIC = Kernels("mosaic", _mosaic_forward, _mosaic_backward, "both passes in Mosaic GPU (kernel_mgpu.py; only when "
                  "named): Hopper+, S = T = 128, H = 64, bf16", mosaic=kernel_mgpu, tuned_stages=())
 MOSAIC_LONG = Kernels("mosaic_long", _untiled(kernel_mgpu_long.forward), _untiled(kernel_mgpu_long.backward),
-                      "both passes in Mosaic GPU for long rows (kernel_mgpu_long.py): Hopper+, S = T a multiple of "
-                      "128 above 128, H = 64, bf16", mosaic=kernel_mgpu_long, tuned_stages=())
+                      "both passes in Mosaic GPU for long rows (kernel_mgpu_long.py; only when named): Hopper+, "
+                      "S = T = 256, 384, ..., H = 64, bf16", mosaic=kernel_mgpu_long, tuned_stages=())
 
 ATTENTION = registry.register(Operator(
     "attention", "softmax(q k^T / sqrt(H), key mask) with dropout, times v (SM, BS)",
