@@ -88,6 +88,7 @@ def test_kth_largest_rows_is_each_rows_kth_largest():
         valid = rng.random(n) < 0.8
         ks = rng.integers(1, 2 * n // n_rows, size=n_rows).astype(np.int32)  # some rows have fewer than k
         counts = np.bincount(rows[valid], minlength=n_rows).astype(np.int32)
+        ks[0] = counts[0]  # a row with exactly k: its smallest
         want = [np.sort(values[valid & (rows == r)])[::-1][ks[r] - 1] if counts[r] >= ks[r] else -1.0
                 for r in range(n_rows)]
         np.testing.assert_array_equal(fn(values, rows, ks, counts, valid), np.asarray(want, np.float32))
