@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.compression.selection import _count_le, _nth_bit, kth_largest_rows, select, select_reference
+from jaxformer.compression.format import count_le
+from jaxformer.compression.selection import _nth_bit, kth_largest_rows, select, select_reference
 
 
 def _rows(rng, shape):
@@ -104,7 +105,7 @@ def test_bit_and_rank_searches():
     np.testing.assert_array_equal(jax.jit(_nth_bit)(words, q), want)
     ends = np.cumsum(rng.integers(0, 3, size=1001)).astype(np.int32)
     queries = np.arange(-1, ends[-1] + 2, dtype=np.int32)
-    np.testing.assert_array_equal(jax.jit(_count_le)(ends, queries), np.searchsorted(ends, queries, side="right"))
+    np.testing.assert_array_equal(jax.jit(count_le)(ends, queries), np.searchsorted(ends, queries, side="right"))
 
 
 @pytest.mark.gpu

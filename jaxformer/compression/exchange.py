@@ -190,14 +190,14 @@ def balanced(index, value, n, dense, boundaries, gather_threshold, *, layout: La
     ranks, k = boundaries.shape[0] - 1, index.shape[0]
     ns, nd, region = layout.n_sparse, layout.n_dense, caps.region
     me = jax.lax.axis_index(axis)
-    starts = jnp.searchsorted(index, boundaries, side="left").astype(jnp.int32)  # padding (= ns) sorts last
+    starts = fmt.count_le(index, boundaries - 1)  # the slots below each boundary; padding (= ns) sorts last
     first, last = starts[:-1], jnp.minimum(starts[1:], n)
     slot = first[:, None] + jnp.arange(caps.send)[None]  # (ranks, send)
     ok = slot < last[:, None]
     src = jnp.minimum(slot, k - 1)
     sent = value.astype(dtype)
     rel = jnp.where(ok, index[src] - boundaries[:-1, None], 0)
-    owner = jnp.minimum(jnp.searchsorted(boundaries[1:], index, side="right"), ranks - 1)
+    owner = jnp.minimum(fmt.count_le(boundaries[1:], index), ranks - 1)
     consumed = (jnp.arange(k) < n) & (jnp.arange(k) < first[owner] + caps.send)
     words = [fmt.pack_words(fmt.encode(rel, jnp.where(ok, sent[src], 0), jnp.sum(ok, 1), region, dtype))]
     dense_sent = dense.astype(dtype)

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .format import count_le, get_in_bounds as _get
+
 CANDIDATES = 1.5  # sampled/reused aim their threshold at this many times k candidates ...
 CANDIDATE_CAP = 2.0  # ... and keep at most this many times k of them
 SAMPLED_CANDIDATES = 64  # enough sampled candidates for a ~1/8 relative error of the estimate
@@ -171,27 +173,6 @@ def _bitmap(mag, t):
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
 
 
-def _get(x, i):
-    """x[i] for indices already inside x."""
-    return x.at[i].get(mode="promise_in_bounds")
-
-
-def _count_le(sorted_arr, q):
-    """For each q, how many entries of the ascending 1-D `sorted_arr` are <= q (searchsorted side="right"): a
-    binary search unrolled into log2(len) gathers, which XLA fuses into one kernel over all queries."""
-    n = sorted_arr.shape[0]
-    pos = jnp.zeros(q.shape, jnp.int32)
-    if n == 0:
-        return pos
-    step = 1 << (n.bit_length() - 1)
-    while step:
-        nxt = pos + step
-        ok = (nxt <= n) & (_get(sorted_arr, jnp.clip(nxt - 1, 0, n - 1)) <= q)
-        pos = jnp.where(ok, nxt, pos)
-        step >>= 1
-    return pos
-
-
 def _nth_bit(word, q):
     """The position in each uint32 `word` of its set bit of rank q (0-based, q < popcount(word)): halve the window
     five times, stepping up past the lower half's set bits where q lies above them."""
@@ -247,13 +228,13 @@ def _locate(bits, ends, g, table: _Rows, row=None):
     """The flat index of the admitted entry of global rank g (0-based, below the number admitted): its word (a
     binary search of the words' running counts `ends`), its bit (`_nth_bit`), its row's place (`table`; `row`: the
     rows, where the caller knows them)."""
-    w = _count_le(ends, g)
+    w = count_le(ends, g)
     w_in = jnp.minimum(w, ends.shape[0] - 1)
     word = _get(bits, w_in)
     before = _get(ends, w_in) - jax.lax.population_count(word).astype(jnp.int32)
     bit = _nth_bit(word, g - before)
     if row is None:
-        row = _count_le(jnp.asarray(table.word[1:], jnp.int32), w)
+        row = count_le(jnp.asarray(table.word[1:], jnp.int32), w)
     first_word = _get(jnp.asarray(table.word, jnp.int32), row)
     return _get(jnp.asarray(table.flat, jnp.int32), row) + WORD * (w - first_word) + bit
 
@@ -285,7 +266,7 @@ def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds
     seg = np.concatenate([[0], np.cumsum(caps)])
     n_cand = int(seg[-1])
     slot = jnp.arange(n_cand, dtype=jnp.int32)
-    row = _count_le(jnp.asarray(seg[1:-1], jnp.int32), slot)
+    row = count_le(jnp.asarray(seg[1:-1], jnp.int32), slot)
     rank = slot - _get(jnp.asarray(seg[:-1], jnp.int32), row)
     valid = rank < _get(admitted, row)
     cand = jnp.where(valid, _locate(bits, ends, _get(before, row) + rank, table, row), size)
