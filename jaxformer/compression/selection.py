@@ -253,12 +253,12 @@ def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds
     table = _Rows.of(mags)
     bits = jnp.concatenate([_bitmap(mag, ti).reshape(-1) for mag, ti in zip(mags, t)])
     ends = jnp.cumsum(jax.lax.population_count(bits).astype(jnp.int32))  # admitted up to each word, inclusive
-    starts = jnp.concatenate([jnp.zeros(1, jnp.int32), ends])  # ... before each word
-    before = _get(starts, jnp.asarray(table.word, jnp.int32))  # admitted before each row
-    admitted = _get(starts, jnp.asarray(table.word + table.words, jnp.int32)) - before
+    at = lambda words: jnp.where(words > 0, _get(ends, jnp.asarray(np.maximum(words - 1, 0), jnp.int32)), 0)  # noqa
+    before = at(table.word)  # admitted before each row
+    admitted = at(table.word + table.words) - before
     if method == "exact":  # k per row, or more on exact ties (cut at the end, by index)
         g = jnp.arange(total, dtype=jnp.int32)
-        n = starts[-1]
+        n = ends[-1]
         return jnp.where(g < n, _locate(bits, ends, g, table), size), jnp.minimum(n, total), list(thresholds)
     # A row's candidates: its first `cap` admitted entries, in a segment of `cap` slots of its own.
     caps = np.asarray([min(m.shape[1], math.ceil(CANDIDATE_CAP * k)) for m, k in zip(mags, ks)
