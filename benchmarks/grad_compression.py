@@ -17,8 +17,10 @@ method (`--methods`; jitted, median of `--repeats` calls after a warm-up) over t
 candidates) and `select` (impl "bitmap": the admission bitmap and radix selection, selection.py), in one process;
 the bitmap rows say whether they chose exactly the reference's entries and how much faster they ran. "reused"
 starts from the thresholds of the first gradient and is timed on the second (a step that does not refresh them).
-Quality: the fraction of each row's true top-k that the method chose (recall) and entries chosen per k. On a CPU,
-`--config tiny` checks the script in a minute.
+Quality: the fraction of each row's true top-k that the method chose (recall) and entries chosen per k. `--parts`
+adds the sampled selection's pieces: its thresholds (reference: `lax.top_k` per tensor; bitmap: one radix
+selection) and the admission bitmap's pass (the rest of `select` is compaction and refine). On a CPU,
+`--config tiny` checks the script in a minute or two.
 
 `--step` times the dense and the compressed train steps (ms/step, median of `--repeats` runs of `--steps`) and, on
 the compressed step's gradient shapes, the selection alone (and `select_reference` beside it), the whole transform
@@ -244,6 +246,7 @@ def selection_table(a) -> None:
     import numpy as np
     from flax import nnx
     from jaxformer.compression.exchange import Layout
+    from jaxformer.compression import selection as sel
     from jaxformer.compression.selection import select, select_reference
     from jaxformer.data import synthetic_batch
     from jaxformer.losses import pretraining_losses
@@ -293,6 +296,19 @@ def selection_table(a) -> None:
                     row.update(same_as_reference=bool(np.array_equal(index, reference[0])),
                                speedup=round(reference[1] / ms, 2))
                 print(json.dumps(row), flush=True)
+        if a.parts:  # the sampled selection's pieces: its thresholds (both ways) and the bitmap's one pass
+            key = jax.random.key(0)
+            t = sel.sampled_thresholds(mags[1], ks, key, a.sample_fraction)
+            parts = [("thresholds", "reference", jax.jit(lambda m: sel._kth_of_samples_top_k(
+                         m, sel._samples(m, ks, key, a.sample_fraction))), (mags[1],)),
+                     ("thresholds", "bitmap", jax.jit(lambda m: sel.sampled_thresholds(m, ks, key,
+                                                                                        a.sample_fraction)),
+                      (mags[1],)),
+                     ("admission bitmap", "bitmap", jax.jit(sel.admission), (mags[1], t))]
+            for part, impl, f, args in parts:
+                print(json.dumps(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config,
+                                      density=density, method="sampled", impl=impl, part=part,
+                                      ms=round(_median_ms(f, args, a.repeats), 3))), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- step time
@@ -396,6 +412,8 @@ def main(argv=None):
     ap.add_argument("--method", default="exact", choices=SELECTIONS, help="the selection of --bytes and --step")
     ap.add_argument("--methods", nargs="+", default=list(SELECTIONS), choices=SELECTIONS,
                     help="--selection: the methods timed")
+    ap.add_argument("--parts", action="store_true",
+                    help="--selection: also time the sampled selection's thresholds and admission bitmap alone")
     ap.add_argument("--value-dtype", default="bfloat16")
     ap.add_argument("--sample-fraction", type=float, default=CompressionConfig.sample_fraction)
     ap.add_argument("--min-size", type=int, default=CompressionConfig.min_size)

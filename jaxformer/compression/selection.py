@@ -239,6 +239,13 @@ def _locate(bits, ends, g, table: _Rows, row=None):
     return _get(jnp.asarray(table.flat, jnp.int32), row) + WORD * (w - first_word) + bit
 
 
+def admission(mags, t):
+    """The admission bitmap of all rows of `mags` at per-row thresholds `t` (one (R,) array per tensor), words laid
+    end to end (uint32 (W,)), and the running count of admitted entries up to each word, inclusive (int32 (W,))."""
+    bits = jnp.concatenate([_bitmap(mag, ti).reshape(-1) for mag, ti in zip(mags, t)])
+    return bits, jnp.cumsum(jax.lax.population_count(bits).astype(jnp.int32))
+
+
 def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds: Sequence[jax.Array], *,
            step, key, sample_fraction: float = 0.01, refresh_every: int = 128):
     """The chosen entries of the rows of `mags` ((R, M) arrays, k entries per row of each): (flat indices (sum R
@@ -251,8 +258,7 @@ def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds
     total = sum(m.shape[0] * k for m, k in zip(mags, ks))
     t = _thresholds(mags, ks, method, thresholds, step, key, sample_fraction, refresh_every, _kth_of_samples_radix)
     table = _Rows.of(mags)
-    bits = jnp.concatenate([_bitmap(mag, ti).reshape(-1) for mag, ti in zip(mags, t)])
-    ends = jnp.cumsum(jax.lax.population_count(bits).astype(jnp.int32))  # admitted up to each word, inclusive
+    bits, ends = admission(mags, t)
     at = lambda words: jnp.where(words > 0, _get(ends, jnp.asarray(np.maximum(words - 1, 0), jnp.int32)), 0)  # noqa
     before = at(table.word)  # admitted before each row
     admitted = at(table.word + table.words) - before
