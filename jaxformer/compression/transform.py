@@ -249,7 +249,9 @@ def _local(grads, res, mom, dev, count, scale, *, config: CompressionConfig, sta
         if mom:  # DGC's momentum factor masking where sent; dense leaves keep plain momentum (sent every step)
             new_mom[i] = accs[i][1].reshape(-1).at[_local_index(taken, leaf)].set(0.0, mode="drop").reshape(
                 leaf.shape)
-    updates = _split(out.update, out.dense_update, layout)
+    updates = _split(None, out.dense_update, layout)
+    for i, u in zip(sparse, out.update):
+        updates[i] = u.reshape(layout.leaves[i].shape)
     thr = jnp.concatenate(thr_out) if sparse else thresholds
     dev_out = [a.reshape(*lead, -1) for a in (thr, out.gather_threshold, out.boundaries, out.stats)]
     return ([u.astype(g.dtype) for u, g in zip(updates, grads)], [r[None] for r in residual],
