@@ -12,13 +12,20 @@ from abstract inputs (nothing is allocated) and counts the bytes of every collec
 g the group size). It prints one JSON line per step and a markdown table (results/compression.md).
 
 `--selection` computes two gradients of BERT-large (`--config`) on two synthetic batches and times each selection
-method (jitted, median of `--repeats` calls after a warm-up) over the sparse tensors at each `--densities`; "reused"
+method (`--methods`; jitted, median of `--repeats` calls after a warm-up) over the sparse tensors at each
+`--densities`, twice: `select_reference` (impl "reference": running counts over every entry, a sort of the
+candidates) and `select` (impl "bitmap": the admission bitmap and radix selection, selection.py), in one process;
+the bitmap rows say whether they chose exactly the reference's entries and how much faster they ran. "reused"
 starts from the thresholds of the first gradient and is timed on the second (a step that does not refresh them).
-Quality: the fraction of each row's true top-k that the method chose (recall) and entries chosen per k.
+Quality: the fraction of each row's true top-k that the method chose (recall) and entries chosen per k. `--parts`
+adds the sampled selection's pieces: its thresholds (reference: `lax.top_k` per tensor; bitmap: one radix
+selection) and the admission bitmap's pass (the rest of `select` is compaction and refine). On a CPU,
+`--config tiny` checks the script in a minute or two.
 
 `--step` times the dense and the compressed train steps (ms/step, median of `--repeats` runs of `--steps`) and, on
-the compressed step's gradient shapes, the selection alone, the whole transform (selection, packing, exchange,
-residual) and a dense all-reduce of the same gradients: the cost of compression itself.
+the compressed step's gradient shapes, the selection alone (and `select_reference` beside it), the whole transform
+(selection, packing, exchange, residual) and a dense all-reduce of the same gradients: the cost of compression
+itself.
 
 `--convergence` reads train.py output directories (run.json, metrics.jsonl) and prints, per run, the final train
 loss (the mean of the last `--last` logged steps: one batch's loss is noisy), the final eval MLM loss and accuracy
@@ -239,7 +246,8 @@ def selection_table(a) -> None:
     import numpy as np
     from flax import nnx
     from jaxformer.compression.exchange import Layout
-    from jaxformer.compression.selection import select
+    from jaxformer.compression import selection as sel
+    from jaxformer.compression.selection import select, select_reference
     from jaxformer.data import synthetic_batch
     from jaxformer.losses import pretraining_losses
     from jaxformer.steps import _forward, build_model
@@ -263,22 +271,44 @@ def selection_table(a) -> None:
         mags = [_mags(gr, layout) for gr in g]
         fresh = [jnp.full(m.shape[0], -1.0) for m in mags[0]]
 
-        def run(method, m, t, step):
-            return select(m, ks, method, t, step=step, key=jax.random.key(0), sample_fraction=a.sample_fraction)
+        def run(fn, method, m, t, step):
+            return fn(m, ks, method, t, step=step, key=jax.random.key(0), sample_fraction=a.sample_fraction)
 
-        truth = np.asarray(jax.jit(functools.partial(run, "exact"))(mags[1], fresh, jnp.int32(1))[0])
+        truth = np.asarray(jax.jit(functools.partial(run, select_reference, "exact"))(mags[1], fresh,
+                                                                                         jnp.int32(1))[0])
         truth = truth[truth < layout.n_sparse]
-        for method in SELECTIONS:
-            fn = jax.jit(functools.partial(run, method))
-            t = fn(mags[0], fresh, jnp.int32(0))[2] if method == "reused" else fresh
-            ms = _median_ms(fn, (mags[1], t, jnp.int32(1)), a.repeats)
-            index, n, _ = fn(mags[1], t, jnp.int32(1))
-            index = np.asarray(index)[:int(n)]
-            print(json.dumps(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config,
-                                  density=density, method=method, tensors=len(ks), entries=layout.n_sparse,
-                                  k=layout.k_total, ms=round(ms, 3),
-                                  recall=round(np.intersect1d(index, truth).size / truth.size, 4),
-                                  chosen_per_k=round(index.size / layout.k_total, 4))), flush=True)
+        for method in a.methods:
+            reference = None
+            for impl, fn in (("reference", select_reference), ("bitmap", select)):
+                f = jax.jit(functools.partial(run, fn, method))
+                t = f(mags[0], fresh, jnp.int32(0))[2] if method == "reused" else fresh
+                ms = _median_ms(f, (mags[1], t, jnp.int32(1)), a.repeats)
+                index, n, _ = f(mags[1], t, jnp.int32(1))
+                index = np.asarray(index)[:int(n)]
+                row = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config,
+                           density=density, method=method, impl=impl, tensors=len(ks), entries=layout.n_sparse,
+                           k=layout.k_total, ms=round(ms, 3),
+                           recall=round(np.intersect1d(index, truth).size / max(1, truth.size), 4),
+                           chosen_per_k=round(index.size / layout.k_total, 4))
+                if reference is None:
+                    reference = (index, ms)
+                else:  # the bitmap selection must choose what the reference chose, entry for entry
+                    row.update(same_as_reference=bool(np.array_equal(index, reference[0])),
+                               speedup=round(reference[1] / ms, 2))
+                print(json.dumps(row), flush=True)
+        if a.parts:  # the sampled selection's pieces: its thresholds (both ways) and the bitmap's one pass
+            key = jax.random.key(0)
+            t = sel.sampled_thresholds(mags[1], ks, key, a.sample_fraction)
+            parts = [("thresholds", "reference", jax.jit(lambda m: sel._kth_of_samples_top_k(
+                         m, sel._samples(m, ks, key, a.sample_fraction))), (mags[1],)),
+                     ("thresholds", "bitmap", jax.jit(lambda m: sel.sampled_thresholds(m, ks, key,
+                                                                                        a.sample_fraction)),
+                      (mags[1],)),
+                     ("admission bitmap", "bitmap", jax.jit(sel.admission), (mags[1], t))]
+            for part, impl, f, args in parts:
+                print(json.dumps(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, config=a.config,
+                                      density=density, method="sampled", impl=impl, part=part,
+                                      ms=round(_median_ms(f, args, a.repeats), 3))), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------- step time
@@ -288,7 +318,7 @@ def step_times(a) -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
     from jaxformer import sharding
     from jaxformer.compression.exchange import Layout
-    from jaxformer.compression.selection import select
+    from jaxformer.compression.selection import select, select_reference
     from jaxformer.data import synthetic_batch
     from jaxformer.steps import Steps, build_model, make_optimizer
     tc = TrainConfig(config=a.config, seq_len=a.seq_len, batch_size=a.batch_size, kernels=a.kernels, mesh=a.mesh,
@@ -338,11 +368,11 @@ def step_times(a) -> None:
         u, s = tx.update(treedef.unflatten([x[0] for x in g]), s)
         return [x[None] for x in jax.tree.leaves(u)], s
 
-    def selection(g):
+    def selection(g, fn=select):
         mags = _mags([x[0] for x in g], layout)
-        index, _, _ = select(mags, [leaf.k for leaf in layout.leaves if leaf.sparse], comp.selection,
-                             [jnp.ones(m.shape[0]) for m in mags], step=jnp.int32(1), key=jax.random.key(0),
-                             sample_fraction=comp.sample_fraction)
+        index, _, _ = fn(mags, [leaf.k for leaf in layout.leaves if leaf.sparse], comp.selection,
+                         [jnp.ones(m.shape[0]) for m in mags], step=jnp.int32(1), key=jax.random.key(0),
+                         sample_fraction=comp.sample_fraction)
         return index[None]
 
     def dense(g):
@@ -355,7 +385,9 @@ def step_times(a) -> None:
     n = a.repeats * a.steps
     with jax.set_mesh(mesh):
         f_transform = shard(transform, (lead, ranked), (lead, ranked))
+        reference = functools.partial(selection, fn=select_reference)
         timings = dict(selection_ms=_median_ms(shard(selection, (lead,), P(axis)), (grads,), n),
+                       reference_selection_ms=_median_ms(shard(reference, (lead,), P(axis)), (grads,), n),
                        transform_ms=_median_ms(lambda g: f_transform(g, sparse_state), (grads,), n),
                        dense_all_reduce_ms=_median_ms(shard(dense, (lead,), lead), (grads,), n))
     print(json.dumps(dict(common, step="compression alone", compression=dataclasses.asdict(comp),
@@ -378,6 +410,10 @@ def main(argv=None):
     ap.add_argument("--mesh", default=None, help="default: data=8 for --bytes, data=2 for --step")
     ap.add_argument("--exchange", default="balanced", choices=EXCHANGES)
     ap.add_argument("--method", default="exact", choices=SELECTIONS, help="the selection of --bytes and --step")
+    ap.add_argument("--methods", nargs="+", default=list(SELECTIONS), choices=SELECTIONS,
+                    help="--selection: the methods timed")
+    ap.add_argument("--parts", action="store_true",
+                    help="--selection: also time the sampled selection's thresholds and admission bitmap alone")
     ap.add_argument("--value-dtype", default="bfloat16")
     ap.add_argument("--sample-fraction", type=float, default=CompressionConfig.sample_fraction)
     ap.add_argument("--min-size", type=int, default=CompressionConfig.min_size)

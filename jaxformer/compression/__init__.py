@@ -5,7 +5,8 @@
     steps = CompressedSteps(model, make_optimizer(tc), tc, mesh, CompressionConfig(density=0.01))
 
 * `config.py`: `CompressionConfig`, every option, validated when built.
-* `selection.py`: per-row top-k with fixed capacity (exact, sampled threshold, reused threshold).
+* `selection.py`: per-row top-k with fixed capacity (exact, sampled threshold, reused threshold), compacted through
+  a 32-entry admission bitmap in about one pass over the entries.
 * `format.py`: the compact sparse format (wire-dtype values, 16-bit block offsets, per-block counts).
 * `exchange.py`: the flat index space of a device's shards; the all-gather and balanced (Ok-Topk) exchanges.
 * `transform.py`: `sparse_allreduce`, the optax transform with error feedback, momentum correction, local clipping.

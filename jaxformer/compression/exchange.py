@@ -6,10 +6,11 @@
 cols) entries.
 
 Both exchanges take each rank's sorted entries (index, value, count n; slots from n on are padding) and its dense
-values, send one packed uint16 buffer per collective (`format.py`) and return an `Exchanged`: the summed update
-(identical on every rank), what of this rank's entries was consumed (sent and counted in the update), and what the
-rank must keep on top of its unsent entries (the balanced exchange's owner remainders). Sums are formed by one
-scatter per source rank, each with distinct indices, in rank order: the same bits on every rank.
+values, send one packed uint16 buffer per collective (`format.py`) and return an `Exchanged`: the summed update in
+each sparse leaf's own array (identical on every rank), what of this rank's entries was consumed (sent and counted
+in the update), and what the rank must keep on top of its unsent entries (the balanced exchange's owner
+remainders). Sums are formed by one scatter per source rank, each with distinct indices, in rank order: the same
+bits on every rank.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def balanced_buffer_bytes(layout: Layout, ranks: int, dtype, send_slack=1.25, ga
 
 
 class Exchanged(NamedTuple):
-    update: jax.Array  # (n_sparse,) float32: the summed sparse update, the same on every rank
+    update: list  # per sparse leaf, (rows * cols,) float32: the summed sparse update, the same on every rank
     dense_update: jax.Array  # (n_dense,) float32
     consumed: jax.Array  # (K,) bool: which of this rank's slots went into the update
     sent: jax.Array  # (K,) float32: each slot's value as sent (rounded to the wire dtype)
@@ -147,6 +148,16 @@ def _sum_per_rank(index, value, size: int):
     return out
 
 
+def _sum_into_leaves(index, value, layout: Layout):
+    """`_sum_per_rank` over the sparse space, formed in each sparse leaf's own array (no flat vector of them all to
+    slice the leaves from afterwards): per leaf, one scatter per rank in rank order, so the same sums."""
+    out = []
+    for leaf in layout.sparse:
+        inside = (index >= leaf.offset) & (index < leaf.offset + leaf.size)
+        out.append(_sum_per_rank(jnp.where(inside, index - leaf.offset, leaf.size), value, leaf.size))
+    return out
+
+
 def allgather(index, value, n, dense, *, layout: Layout, axis: str, dtype) -> Exchanged:
     """Every rank gathers every rank's packed entries and dense values and sums them."""
     k, ns, nd = index.shape[0], layout.n_sparse, layout.n_dense
@@ -160,7 +171,7 @@ def allgather(index, value, n, dense, *, layout: Layout, axis: str, dtype) -> Ex
     for p in range(got.shape[0]):
         dense_update = dense_update + fmt.from_words(rest[p], dtype, nd).astype(jnp.float32)
     ranks = got.shape[0]
-    return Exchanged(_sum_per_rank(gidx, gval, ns), dense_update, jnp.arange(k) < n, sent.astype(jnp.float32),
+    return Exchanged(_sum_into_leaves(gidx, gval, layout), dense_update, jnp.arange(k) < n, sent.astype(jnp.float32),
                      dense_sent.astype(jnp.float32), jnp.full((1,), ns, jnp.int32), jnp.zeros(1, jnp.float32),
                      jnp.zeros(nd, jnp.float32), even_boundaries(ns, ranks), jnp.zeros(1, jnp.float32),
                      jnp.stack([n, jnp.zeros_like(n), jnp.zeros_like(n), n]).astype(jnp.int32))
@@ -190,14 +201,14 @@ def balanced(index, value, n, dense, boundaries, gather_threshold, *, layout: La
     ranks, k = boundaries.shape[0] - 1, index.shape[0]
     ns, nd, region = layout.n_sparse, layout.n_dense, caps.region
     me = jax.lax.axis_index(axis)
-    starts = jnp.searchsorted(index, boundaries, side="left").astype(jnp.int32)  # padding (= ns) sorts last
+    starts = fmt.count_le(index, boundaries - 1)  # the slots below each boundary; padding (= ns) sorts last
     first, last = starts[:-1], jnp.minimum(starts[1:], n)
     slot = first[:, None] + jnp.arange(caps.send)[None]  # (ranks, send)
     ok = slot < last[:, None]
     src = jnp.minimum(slot, k - 1)
     sent = value.astype(dtype)
     rel = jnp.where(ok, index[src] - boundaries[:-1, None], 0)
-    owner = jnp.minimum(jnp.searchsorted(boundaries[1:], index, side="right"), ranks - 1)
+    owner = jnp.minimum(fmt.count_le(boundaries[1:], index), ranks - 1)
     consumed = (jnp.arange(k) < n) & (jnp.arange(k) < first[owner] + caps.send)
     words = [fmt.pack_words(fmt.encode(rel, jnp.where(ok, sent[src], 0), jnp.sum(ok, 1), region, dtype))]
     dense_sent = dense.astype(dtype)
@@ -243,6 +254,6 @@ def balanced(index, value, n, dense, boundaries, gather_threshold, *, layout: La
         mean = jnp.round(jnp.mean(all_quantiles.astype(jnp.float32), axis=0)).astype(jnp.int32)
         new = jnp.where(rebalance, _clamp(list(mean), ns, region), boundaries)
     stats = jnp.stack([n, n - jnp.sum(consumed), jnp.sum(unique), nb]).astype(jnp.int32)
-    return Exchanged(_sum_per_rank(gidx, gval, ns), dense_update.astype(jnp.float32).reshape(-1)[:nd], consumed,
+    return Exchanged(_sum_into_leaves(gidx, gval, layout), dense_update.astype(jnp.float32).reshape(-1)[:nd], consumed,
                      sent.astype(jnp.float32), dense_sent.astype(jnp.float32), keep_index, keep_value, dense_keep,
                      new, gather_threshold, stats)

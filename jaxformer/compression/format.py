@@ -32,6 +32,28 @@ def n_blocks(space: int) -> int:
     return max(1, -(-space // BLOCK))
 
 
+def get_in_bounds(x, i):
+    """x[i] for indices already inside x (no clamping)."""
+    return x.at[i].get(mode="promise_in_bounds")
+
+
+def count_le(sorted_arr, q):
+    """For each q, how many entries of the ascending 1-D `sorted_arr` are <= q (searchsorted side="right"): a
+    binary search unrolled into log2(len) gathers, which XLA fuses into one kernel over all queries
+    (`jnp.searchsorted`'s default runs a loop of log2(len) steps, a kernel each on a GPU)."""
+    n = sorted_arr.shape[0]
+    pos = jnp.zeros(jnp.shape(q), jnp.int32)
+    if n == 0:
+        return pos
+    step = 1 << (n.bit_length() - 1)
+    while step:
+        nxt = pos + step
+        ok = (nxt <= n) & (get_in_bounds(sorted_arr, jnp.clip(nxt - 1, 0, n - 1)) <= q)
+        pos = jnp.where(ok, nxt, pos)
+        step >>= 1
+    return pos
+
+
 class Packed(NamedTuple):
     values: jax.Array  # (..., K) wire dtype
     offsets: jax.Array  # (..., K) uint16
@@ -41,11 +63,13 @@ class Packed(NamedTuple):
 def encode(index, value, n, space: int, dtype) -> Packed:
     """Pack the first `n` slots of `index` (int32, ascending, in [0, space)) and `value` along the last axis;
     slots from `n` on are padding. Leading axes are independent vectors (n has their shape)."""
-    k = index.shape[-1]
+    k, nb = index.shape[-1], n_blocks(space)
     valid = jnp.arange(k) < jnp.asarray(n)[..., None]
-    block = jnp.where(valid, index >> BLOCK_BITS, n_blocks(space))  # padding counts in no block
-    counts = jax.vmap(lambda b: jnp.zeros(n_blocks(space), jnp.int32).at[b].add(1, mode="drop"))(
-        block.reshape(-1, k)).reshape(*index.shape[:-1], n_blocks(space))
+    block = jnp.where(valid, index >> BLOCK_BITS, nb)  # ascending; padding counts in no block
+    # The slots up to each block's end, by a binary search of each block boundary (no scatter: a GPU's atomic adds
+    # to one count per block serialise the ~65536 d entries of the block).
+    ends = jax.vmap(lambda b: count_le(b, jnp.arange(nb, dtype=jnp.int32)))(block.reshape(-1, k))
+    counts = jnp.diff(ends, axis=-1, prepend=0).astype(jnp.int32).reshape(*index.shape[:-1], nb)
     offsets = jnp.where(valid, index & (BLOCK - 1), 0).astype(jnp.uint16)
     return Packed(jnp.where(valid, value, 0).astype(dtype), offsets, counts)
 
@@ -55,7 +79,7 @@ def decode(packed: Packed, space: int):
     k = packed.offsets.shape[-1]
     ends = jnp.cumsum(packed.counts, axis=-1)
     slots = jnp.arange(k, dtype=ends.dtype)
-    block = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(ends.reshape(-1, ends.shape[-1]))
+    block = jax.vmap(lambda e: count_le(e, slots))(ends.reshape(-1, ends.shape[-1]))
     block = block.reshape(*packed.offsets.shape[:-1], k).astype(jnp.int32)
     valid = slots < ends[..., -1:]
     index = jnp.where(valid, block * BLOCK + packed.offsets.astype(jnp.int32), space)

@@ -221,8 +221,11 @@ def _local(grads, res, mom, dev, count, scale, *, config: CompressionConfig, sta
         if sparse else []
     index, n, thr_out = select(mags, [layout.leaves[i].k for i in sparse], config.selection, thr_in, step=count,
                                key=key, sample_fraction=config.sample_fraction, refresh_every=config.refresh_every)
-    flat_s = jnp.concatenate([accs[i][0].reshape(-1) for i in sparse]) if sparse else jnp.zeros(0, jnp.float32)
-    value = jnp.where(index < ns, flat_s[jnp.minimum(index, max(ns - 1, 0))], 0.0)
+    # The chosen entries' values, gathered from each sparse leaf (no concatenation of the leaves: a copy of them all).
+    value = jnp.zeros(index.shape, jnp.float32)
+    for i in sparse:
+        local = _local_index(index, layout.leaves[i])
+        value = jnp.where(local < layout.leaves[i].size, _gather(accs[i][0], local), value)
     flat_d = jnp.concatenate([accs[i][0].reshape(-1) for i in dense]) if dense else jnp.zeros(0, jnp.float32)
     if config.exchange == "allgather":
         out = ex.allgather(index, value, n, flat_d, layout=layout, axis=config.axis, dtype=dtype)
@@ -233,14 +236,22 @@ def _local(grads, res, mom, dev, count, scale, *, config: CompressionConfig, sta
                           key=gather_key, rebalance=(count + 1) % config.rebalance_every == 0,
                           sample_fraction=config.sample_fraction, refresh_every=config.refresh_every)
     taken = jnp.where(out.consumed, index, ns)
-    kept_s = flat_s.at[taken].add(-out.sent, mode="drop").at[out.keep_index].add(out.keep_value, mode="drop")
     kept_d = flat_d - out.dense_sent + out.dense_keep
-    new_mom = []
-    if mom:  # DGC's momentum factor masking where sent; dense leaves keep plain momentum (sent every step)
-        flat = lambda ids: jnp.concatenate([accs[i][1].reshape(-1) for i in ids]) if ids else jnp.zeros(0)  # noqa
-        new_mom = _split(flat(sparse).at[taken].set(0.0, mode="drop"), flat(dense), layout)
-    updates = _split(out.update, out.dense_update, layout)
-    residual = _split(kept_s, kept_d, layout)
+    # Each sparse leaf keeps its accumulation less what it sent, plus its owner remainders, scattered in place.
+    residual = _split(None, kept_d, layout)
+    new_mom = _split(None, jnp.concatenate([accs[i][1].reshape(-1) for i in dense]) if dense else jnp.zeros(0),
+                     layout) if mom else []
+    for i in sparse:
+        leaf = layout.leaves[i]
+        kept = accs[i][0].reshape(-1).at[_local_index(taken, leaf)].add(-out.sent, mode="drop")
+        kept = kept.at[_local_index(out.keep_index, leaf)].add(out.keep_value, mode="drop")
+        residual[i] = kept.reshape(leaf.shape)
+        if mom:  # DGC's momentum factor masking where sent; dense leaves keep plain momentum (sent every step)
+            new_mom[i] = accs[i][1].reshape(-1).at[_local_index(taken, leaf)].set(0.0, mode="drop").reshape(
+                leaf.shape)
+    updates = _split(None, out.dense_update, layout)
+    for i, u in zip(sparse, out.update):
+        updates[i] = u.reshape(layout.leaves[i].shape)
     thr = jnp.concatenate(thr_out) if sparse else thresholds
     dev_out = [a.reshape(*lead, -1) for a in (thr, out.gather_threshold, out.boundaries, out.stats)]
     return ([u.astype(g.dtype) for u, g in zip(updates, grads)], [r[None] for r in residual],
@@ -248,9 +259,21 @@ def _local(grads, res, mom, dev, count, scale, *, config: CompressionConfig, sta
 
 
 def _split(flat_sparse, flat_dense, layout: ex.Layout):
-    """Per leaf: its slice of the sparse or the dense flat vector, in its shape."""
-    return [(flat_sparse if leaf.sparse else flat_dense)[leaf.offset:leaf.offset + leaf.size].reshape(leaf.shape)
-            for leaf in layout.leaves]
+    """Per leaf: its slice of the sparse or the dense flat vector, in its shape (None where that vector is None)."""
+    def part(flat, leaf):
+        return None if flat is None else flat[leaf.offset:leaf.offset + leaf.size].reshape(leaf.shape)
+    return [part(flat_sparse if leaf.sparse else flat_dense, leaf) for leaf in layout.leaves]
+
+
+def _local_index(index, leaf: ex.Leaf):
+    """Each flat sparse index's index inside `leaf`, or the leaf's size (out of range: dropped) outside it."""
+    inside = (index >= leaf.offset) & (index < leaf.offset + leaf.size)
+    return jnp.where(inside, index - leaf.offset, leaf.size)
+
+
+def _gather(x, local):
+    """x's entries at in-leaf indices `local` (those out of range clamped: the caller masks them)."""
+    return x.reshape(-1).at[jnp.minimum(local, x.size - 1)].get(mode="promise_in_bounds")
 
 
 def state_shardings(config: CompressionConfig, mesh, params, specs=None):

@@ -96,10 +96,13 @@ COMPILER = {
 }
 
 
-# The compressed exchange's transform keeps about five float32 copies of a device's gradient shards alive at once
-# (the accumulated gradient, its flat concatenation, the kept residual, the summed update and its split into
-# leaves; jaxformer/compression/transform.py): fitted to XLA's CPU memory analysis (test_plan's compression cases).
-COMPRESSION_COPIES = 5
+# The compressed exchange's transform keeps about two float32 copies of a device's gradient shards alive at once
+# (the accumulated gradient, which the residual's scatters update in place, and the summed update, both in each
+# leaf's own array; jaxformer/compression/transform.py), and two more where it runs inside its shard_map over the
+# tensor or fsdp axis: fitted to XLA's CPU memory analysis (test_plan's compression cases, data=4 and
+# data=2,tensor=2).
+COMPRESSION_COPIES = 2
+COMPRESSION_MANUAL_COPIES = 2
 
 
 def activation_table(backend: Backend, kernels: str, pipelined: bool) -> Activations:
@@ -310,7 +313,7 @@ def memory(w: Workload, s: Strategy, backend: Backend = GPU) -> Memory:
     update_extra = table * (2 if (s.dp > 1 and s.fsdp == 1) else 1)
     compressed = s.density is not None and s.dp > 1
     if compressed:  # the transform's float32 vectors (fitted on the CPU: test_plan's compression cases)
-        update_extra += COMPRESSION_COPIES * n * F32
+        update_extra += (COMPRESSION_COPIES + (COMPRESSION_MANUAL_COPIES if s.tp > 1 or s.fsdp > 1 else 0)) * n * F32
     # with compression the optimizer state holds the exchange's residual too: one float32 per parameter shard
     return _peak(n, acts, backward, update_extra, batch_bytes(w, s), 3 if compressed else 2)
 

@@ -62,7 +62,8 @@ OPTIMIZER_BYTES = 36.0  # per parameter: AdamW, clip norm, the non-finite guard,
 # Gradient compression's own work at the copy bandwidth, fitted to one H200 measurement (BERT-large, data=2;
 # benchmarks/results/compression.md): the sampled selection, 20.6 ms over 336 M sparse entries (bytes per sparse
 # entry), and the rest of the transform (accumulate into the residual, pack, unpack, keep), the exact-selection
-# transform's 126.8 ms less its selection's 118.8 (bytes per gradient entry).
+# transform's 126.8 ms less its selection's 118.8 (bytes per gradient entry). Both measured with the former
+# compaction (selection.select_reference); the bitmap selection that replaced it is to be measured and refitted.
 SELECTION_BYTES = 264.0
 COMPRESSION_BYTES = 103.0
 XLA_BYTES = dict(d=70.0, d_tp=30.0, f=17.0)
