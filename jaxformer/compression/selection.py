@@ -270,7 +270,9 @@ def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds
                        for _ in range(m.shape[0])], np.int64)
     seg = np.concatenate([[0], np.cumsum(caps)])
     n_cand = int(seg[-1])
-    slot = jnp.arange(n_cand, dtype=jnp.int32)
+    # Behind a barrier: every slot's row and rank follow from static tables, and XLA would otherwise fold the
+    # searches over millions of slots into constants at compile time (seconds, and the tables in the program).
+    slot = jax.lax.optimization_barrier(jnp.arange(n_cand, dtype=jnp.int32))
     row = count_le(jnp.asarray(seg[1:-1], jnp.int32), slot)
     rank = slot - _get(jnp.asarray(seg[:-1], jnp.int32), row)
     valid = rank < _get(admitted, row)
