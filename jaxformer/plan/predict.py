@@ -59,12 +59,13 @@ OPTIMIZER_BYTES = 36.0  # per parameter: AdamW, clip norm, the non-finite guard,
 # kernels-h100.md "Train step, BERT-large"): the H100 (30% less bandwidth, the same SMs) is only 5-7 ms slower, so
 # about 34 GB of the step's element-wise work is bandwidth-bound and the rest is not (S=128 -> 512 adds ~14 ms on
 # both GPUs).
-# Gradient compression's own work at the copy bandwidth, fitted to one H200 measurement (BERT-large, data=2;
-# benchmarks/results/compression.md): the sampled selection, 20.6 ms over 336 M sparse entries (bytes per sparse
-# entry), and the rest of the transform (accumulate into the residual, pack, unpack, keep), the exact-selection
-# transform's 126.8 ms less its selection's 118.8 (bytes per gradient entry). Both measured with the former
-# compaction (selection.select_reference); the bitmap selection that replaced it is to be measured and refitted.
-SELECTION_BYTES = 264.0
+# Gradient compression's own work at the copy bandwidth, fitted to H200 measurements (BERT-large;
+# benchmarks/results/compression.md): the sampled selection, 2.46 ms over 336 M sparse entries at density 0.01 on one
+# GPU (bytes per sparse entry; the former compaction, selection.select_reference, took 20.4-20.6 ms: 264 bytes), and
+# the rest of the transform (accumulate into the residual, pack, unpack, keep), the exact-selection transform's 126.8
+# ms less its selection's 118.8 on data=2 (bytes per gradient entry), measured before the transform stopped copying
+# the sparse leaves into one flat vector: not measured since (it needs two GPUs), so an upper bound.
+SELECTION_BYTES = 31.5
 COMPRESSION_BYTES = 103.0
 XLA_BYTES = dict(d=70.0, d_tp=30.0, f=17.0)
 XLA_ALU_PS = dict(d=40.0, d_tp=15.0, nt=11.3)  # picoseconds per element on an H100/H200 (Hardware.alu_scale)
