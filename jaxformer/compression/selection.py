@@ -245,6 +245,15 @@ def admission(mags, t):
     return bits, jnp.cumsum(jax.lax.population_count(bits).astype(jnp.int32))
 
 
+def _adapted(t, admitted, mags, ks):
+    """"reused"'s next thresholds: each row's, times (admitted / 1.5k)^(1/4) clipped to [1/2, 2]."""
+    n_rows = [m.shape[0] for m in mags]
+    target = jnp.asarray([min(m.shape[1], math.ceil(CANDIDATES * k)) for m, k in zip(mags, ks)
+                          for _ in range(m.shape[0])], jnp.float32)
+    factor = jnp.clip((admitted.astype(jnp.float32) / target) ** ADAPT_POWER, 0.5, 2.0)
+    return [ti * f for ti, f in zip(t, jnp.split(factor, list(itertools.accumulate(n_rows))[:-1]))]
+
+
 def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds: Sequence[jax.Array], *,
            step, key, sample_fraction: float = 0.01, refresh_every: int = 128):
     """The chosen entries of the rows of `mags` ((R, M) arrays, k entries per row of each): (flat indices (sum R
@@ -279,11 +288,7 @@ def select(mags: Sequence[jax.Array], ks: Sequence[int], method: str, thresholds
     cand = jnp.where(valid, _locate(bits, ends, _get(before, row) + rank, table, row), size)
     new = list(thresholds)
     if method == "reused":
-        n_rows = [m.shape[0] for m in mags]
-        target = jnp.asarray([min(m.shape[1], math.ceil(CANDIDATES * k)) for m, k in zip(mags, ks)
-                              for _ in range(m.shape[0])], jnp.float32)
-        factor = jnp.clip((admitted.astype(jnp.float32) / target) ** ADAPT_POWER, 0.5, 2.0)
-        new = [ti * f for ti, f in zip(t, jnp.split(factor, list(itertools.accumulate(n_rows))[:-1]))]
+        new = _adapted(t, admitted, mags, ks)
     # The candidates' magnitudes, gathered from each tensor (its rows' segments are consecutive).
     cmag, r0 = [], 0
     for start, mag in zip(_starts(mags), mags):
@@ -335,11 +340,7 @@ def select_reference(mags: Sequence[jax.Array], ks: Sequence[int], method: str, 
         r0 += mag.shape[0]
     new = list(thresholds)
     if method == "reused":
-        n_rows = [m.shape[0] for m in mags]
-        target = jnp.asarray([min(m.shape[1], math.ceil(CANDIDATES * k)) for m, k in zip(mags, ks)
-                              for _ in range(m.shape[0])], jnp.float32)
-        factor = jnp.clip((admitted.astype(jnp.float32) / target) ** ADAPT_POWER, 0.5, 2.0)
-        new = [ti * f for ti, f in zip(t, jnp.split(factor, list(itertools.accumulate(n_rows))[:-1]))]
+        new = _adapted(t, admitted, mags, ks)
     n_cand = sum(m.shape[0] * c for m, c in zip(mags, caps))
     cand, _ = compact(jnp.concatenate(cands), n_cand)
     # Refine: each row keeps its k largest candidates. Sorting the candidates by (row, -magnitude) puts row r's

@@ -164,6 +164,20 @@ def _masked_scores(sc, code, scale, real=None):
     return jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0))
 
 
+def _grad_tile(sc, dp, code, lse, delta, scale, keep, rate, dtype):
+    """(P dropped, dS) of a (queries, key half) tile in `dtype`, as `tiles.grad_tile`: P from the raw scores `sc`,
+    the per-key `code` and the rows' base-2 `lse`; with `keep` (the dropout mask) P and dP scaled by 1/(1 - rate)
+    where kept, 0 elsewhere; dS = P (dP - delta), none at padded keys."""
+    real = code > 0
+    p = jnp.exp2(_masked_scores(sc, code, scale, real) - lse)
+    pd = p
+    if keep is not None:
+        inv_keep = 1.0 / (1.0 - rate)
+        pd = jnp.where(keep, p * inv_keep, 0.0)
+        dp = jnp.where(keep, dp * inv_keep, 0.0)
+    return pd.astype(dtype), jnp.where(real, p * (dp - delta), 0.0).astype(dtype)
+
+
 def _keep(seeds, first, cols, kh, rate):
     """The keep mask of key half `kh` of a warpgroup tile. The key half's offset goes to the rows' first index, so
     the two lanes of a pair hash one expression (`keep_mask_lanes`)."""
@@ -315,17 +329,11 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
             first = _first_index(words_s.at[w, 2], bi, ni, heads, interpret) if drop else None
             ds16 = []
             for kh, (sc, dp) in enumerate(((s0, dp0), (s1, dp1))):
-                code = _per_col(code_s.at[slot, keys[kh]], interpret)
-                real = code > 0
-                p = jnp.exp2(_masked_scores(sc, code, scale, real) - lse)
-                pd = p
-                if drop:
-                    keep = _keep(seeds, first, cols, kh, rate)
-                    inv_keep = 1.0 / (1.0 - rate)
-                    pd = jnp.where(keep, p * inv_keep, 0.0)
-                    dp = jnp.where(keep, dp * inv_keep, 0.0)
-                ds16.append(jnp.where(real, p * (dp - delta), 0.0).astype(dtype))
-                pds.at[kh, rows][...] = pd.astype(dtype)  # P (dropped), (key half, query, key)
+                keep = _keep(seeds, first, cols, kh, rate) if drop else None
+                pd, ds = _grad_tile(sc, dp, _per_col(code_s.at[slot, keys[kh]], interpret), lse, delta, scale, keep,
+                                    rate, dtype)
+                ds16.append(ds)
+                pds.at[kh, rows][...] = pd  # P (dropped), (key half, query, key)
 
             (dq,) = _products(interpret, [(ds16[0], k_s.at[keys[0]]), (ds16[1], k_s.at[keys[1]])])
             o_s.at[rows][...] = (dq * scale).astype(dtype)  # staged in the consumed O rows

@@ -43,8 +43,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
-from .kernel_mgpu import (_HALF, _TILES, _WIDTH, _keep, _load, _masked_scores, _ones, _per_col, _per_row, _products,
-                          _sync_warpgroups, _t, _iota_cols, programs_for)
+from .kernel_mgpu import (_HALF, _TILES, _WIDTH, _grad_tile, _iota_cols, _keep, _masked_scores, _ones, _per_col,
+                          _per_row, _products, _sync_warpgroups, _t, programs_for)
 from .tiles import shapes
 
 __all__ = ["backward", "check_shape", "forward", "key_blocks", "shape_ok"]
@@ -449,18 +449,12 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                     for kh in (0, 1):  # one key half at a time: two (64, 64) fp32 tiles live, not four
                         sc, dp = _products(interpret, [(q_s.at[rows], _t(kv_s.at[0, halves[kh]]))],
                                            [(do_s.at[rows], _t(kv_s.at[1, halves[kh]]))])
-                        code = _per_col(code_s.at[halves[kh]], interpret)
-                        real = code > 0
-                        p = jnp.exp2(_masked_scores(sc, code, scale, real) - lse)
-                        pd = p
-                        if drop:
-                            keep = _keep(seeds, first, cols, kh, rate)
-                            inv_keep = 1.0 / (1.0 - rate)
-                            pd = jnp.where(keep, p * inv_keep, 0.0)
-                            dp = jnp.where(keep, dp * inv_keep, 0.0)
-                        ds16.append(jnp.where(real, p * (dp - delta), 0.0).astype(dtype))
-                        p_s.at[kh, rows][...] = pd.astype(dtype)  # (key half, query, key)
-                        ds_s.at[kh, rows][...] = ds16[kh]
+                        keep = _keep(seeds, first, cols, kh, rate) if drop else None
+                        pd, ds = _grad_tile(sc, dp, _per_col(code_s.at[halves[kh]], interpret), lse, delta, scale,
+                                            keep, rate, dtype)
+                        ds16.append(ds)
+                        p_s.at[kh, rows][...] = pd  # (key half, query, key)
+                        ds_s.at[kh, rows][...] = ds
                     (dq,) = _products(interpret, [(ds16[0], kv_s.at[0, halves[0]]), (ds16[1], kv_s.at[0, halves[1]])])
                     _add_to(dq_s.at[w], dq_ref.at[bi, pl.ds(qb * _BLOCK + w * _HALF, _HALF), ni], dq * scale,
                             kb > 0, rmw_bars.at[w], interpret)
@@ -534,7 +528,8 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
         inputs.append(_row_words(seed, heads, s, s))
     out = list(plgpu.kernel(entry, out_type=tuple(out_types), grid=(grid,), grid_names=("p",), num_threads=2,
                             thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True),
-                            kernel_name="flash_attention_long_bwd", interpret=_mgpu.interpret_params(interpret))(*inputs))
+                            kernel_name="flash_attention_long_bwd",
+                            interpret=_mgpu.interpret_params(interpret))(*inputs))
     sums = out.pop() if bias_grad else None
     dq32 = out.pop()
     if packed:
