@@ -37,13 +37,17 @@ AUTO_XLA_GEMM = "cublas"
 @dataclasses.dataclass
 class TrainState:
     """step: int32 (); params: dict of float32 arrays; opt_state: optax state; rng: uint32[2] raw dropout key;
-    bad_step: int32 (), the first step whose loss was not finite (-1 if none; those updates are skipped)."""
+    bad_step: int32 (), the first step whose loss was not finite (-1 if none; those updates are skipped);
+    compute: the compute-dtype copy of the encoder's stacked weights that the next step reads, written by the
+    update with the float32 weights (`Steps.carries_copy`; {path: array}, empty without one). It is a function of
+    `params`, so checkpoints leave it out (`Steps.checkpointed`) and a restore recomputes it (`Steps.completed`)."""
 
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
     bad_step: jax.Array
+    compute: Any = dataclasses.field(default_factory=dict)
 
 
 def learning_rate_schedule(tc: TrainConfig) -> optax.Schedule:
@@ -166,7 +170,7 @@ class Steps:
                                        transform_non_params=lambda _: replicated,
                                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
         self.state_shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated,
-                                          bad_step=replicated)
+                                          bad_step=replicated, compute=self._copied(param_sh, cast=False))
         self.batch_sharding = sharding.batch_sharding(mesh)
         self.batch_block = distributed.batch_block(self.batch_sharding, tc.batch_size)
         self.train_step = _Traced(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
@@ -254,20 +258,52 @@ class Steps:
         """Step 0 with `model`'s parameters, a fresh optimizer state and the dropout key of `seed`."""
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                          rng=jax.random.key_data(jax.random.key(seed)), bad_step=jnp.full((), -1, jnp.int32))
+                          rng=jax.random.key_data(jax.random.key(seed)), bad_step=jnp.full((), -1, jnp.int32),
+                          compute=self._copied(params))
 
-    def _compute_copy(self, params):
+    def carries_copy(self) -> bool:
+        """Whether the state carries the compute copy of the stacked weights from one step to the next: the update
+        writes it in the same pass as the float32 weights, instead of the next step reading those again to cast
+        them. Where `_compute_copy` casts (the plain layer stack in a 16-bit dtype)."""
+        return self.pipeline is None and self.compute_dtype != jnp.float32
+
+    def _copied(self, params, cast: bool = True) -> dict:
+        """{path: leaf} of the stacked weight tensors of `params` that `_compute_copy` casts, in the compute dtype
+        (`cast=False`: the leaves as they are, e.g. shardings); empty where no copy is carried."""
+        if not self.carries_copy():
+            return {}
+        flat = jax.tree_util.tree_flatten_with_path(params["encoder"]["layers"])[0]
+        return {jax.tree_util.keystr(path): (leaf.astype(self.compute_dtype) if cast else leaf)
+                for path, leaf in flat if len(leaf.shape) >= 3}
+
+    def checkpointed(self, state: TrainState) -> TrainState:
+        """What a checkpoint holds of `state` (arrays, shapes or shardings): all of it but the compute copy."""
+        return state if state is None else dataclasses.replace(state, compute={})
+
+    def completed(self, state: TrainState) -> TrainState:
+        """A restored (`checkpointed`) state with its compute copy, in the steps' shardings."""
+        if not self.carries_copy():
+            return state
+        return jax.jit(lambda s: dataclasses.replace(s, compute=self._copied(s.params)),
+                       out_shardings=self.state_shardings, donate_argnums=0)(state)
+
+    def _compute_copy(self, params, compute: dict | None = None):
         """`params` with the encoder's stacked weight tensors (L + 2 or more axes) already in the compute dtype.
 
         The layers cast these weights at use anyway; differentiating with respect to the cast copy keeps their
         gradients in bf16 until after the layer loop (bit-identical on one device, tests/test_train_step.py) and
         halves the loop's weight reads and gradient writes (BERT-large +1.2-1.7% seq/s on an H200:
         benchmarks/results/distributed-2xh200.md, gradients through a bf16 copy). Not with pipeline microbatches,
-        whose weight gradients accumulate in float32. The optimizer sees float32."""
+        whose weight gradients accumulate in float32. The optimizer sees float32. `compute`: the state's carried
+        copy of those tensors (`_copied`), used instead of casting them here."""
         dt = self.compute_dtype
         if self.pipeline is not None or dt == jnp.float32:
             return params
-        layers = jax.tree.map(lambda p: p.astype(dt) if p.ndim >= 3 else p, params["encoder"]["layers"])
+        if compute:
+            layers = jax.tree_util.tree_map_with_path(lambda path, p: compute.get(jax.tree_util.keystr(path), p),
+                                                      params["encoder"]["layers"])
+        else:
+            layers = jax.tree.map(lambda p: p.astype(dt) if p.ndim >= 3 else p, params["encoder"]["layers"])
         return {**params, "encoder": {**params["encoder"], "layers": layers}}
 
     def _train_step(self, state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -278,16 +314,19 @@ class Steps:
                            pipeline=self.pipeline)
             return pretraining_losses(out, batch)
 
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(self._compute_copy(state.params))
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            self._compute_copy(state.params, state.compute))
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         finite = jnp.isfinite(loss)
         # A non-finite loss leaves parameters and optimizer state untouched and records the step.
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        new = TrainState(step=state.step + 1, params=keep(params, state.params),
-                         opt_state=keep(opt_state, state.opt_state), rng=jax.random.key_data(rng),
-                         bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step))
+        params = keep(params, state.params)
+        new = TrainState(step=state.step + 1, params=params, opt_state=keep(opt_state, state.opt_state),
+                         rng=jax.random.key_data(rng),
+                         bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step),
+                         compute=self._copied(params))
         # bad_step rides along with the metrics so a log step needs one device-to-host transfer, not two.
         metrics.update(grad_norm=optax.tree.norm(grads), lr=self.schedule(state.step), bad_step=new.bad_step)
         return new, metrics

@@ -176,13 +176,14 @@ def build_state(cfg: BertConfig, mesh_cfg: MeshConfig, tc: TrainConfig, ckpt: Ch
     if ckpt is None:
         start, state = 0, steps.initial_state(tc.seed)
     else:
-        like = steps.abstract_state(tc.seed)
+        like = steps.checkpointed(steps.abstract_state(tc.seed))
         if params_format == 1:
             start, state = ckpt.restore_newest(_swap_qkv(like), log)
-            state = jax.jit(_swap_qkv, out_shardings=steps.state_shardings)(state)
+            state = jax.jit(_swap_qkv, out_shardings=steps.checkpointed(steps.state_shardings))(state)
             log("converted the checkpoint's QKV kernel from the (L, C, D, N, H) order of earlier versions")
         else:
             start, state = ckpt.restore_newest(like, log)
+        state = steps.completed(state)
         log(f"resumed from {ckpt.directory / str(start)} at step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"model: {tc.config} ({n_params / 1e6:.1f}M parameters, {cfg.dtype}, "

@@ -48,6 +48,38 @@ def test_gradients_through_the_compute_copy_equal_the_float32_ones():
     assert f32._compute_copy(params) is params
 
 
+def test_the_carried_compute_copy_gives_the_steps_of_casting_each_step():
+    tc = dataclasses.replace(TC, dropout=0.1)
+    model = build_model(CFG.replace(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1), 0)
+    steps = Steps(model, make_optimizer(tc), tc)
+    state = steps.init_state(model, 0)
+    stacked = jax.device_get(state.compute)  # the state is donated to the step below
+    assert steps.carries_copy() and "['attention']['qkv_kernel']" in stacked
+    assert all(v.dtype == jnp.bfloat16 and v.ndim >= 3 for v in state.compute.values())
+    assert all(k not in stacked for k in ("['attention']['layer_norm']['scale']",))  # 1-D parameters: none
+    carried, cast = state, jax.tree.map(jnp.copy, steps.checkpointed(state))
+    for i in range(3):
+        batch = synthetic_batch(CFG.vocab_size, 8, 16, 3, seed=10 + i)
+        carried, m1 = steps.train_step(carried, batch)
+        cast, m2 = steps.train_step(steps.checkpointed(cast), batch)  # no copy: the step casts the weights
+        assert float(m1["loss"]) == float(m2["loss"])
+    for a, b in zip(jax.tree.leaves(carried), jax.tree.leaves(cast)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    layers = carried.params["encoder"]["layers"]
+    assert np.array_equal(np.asarray(carried.compute["['feed_forward']['in_kernel']"]),
+                          np.asarray(layers["feed_forward"]["in_kernel"].astype(jnp.bfloat16)))
+    assert not np.array_equal(np.asarray(carried.compute["['feed_forward']['in_kernel']"]),
+                              np.asarray(stacked["['feed_forward']['in_kernel']"]))  # the update wrote it
+    # A checkpoint leaves the copy out; a restore recomputes it.
+    saved = steps.checkpointed(carried)
+    assert saved.compute == {} and saved.params is carried.params
+    restored = steps.completed(jax.tree.map(jnp.copy, saved))
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(carried)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    f32 = Steps(build_model(CFG.replace(dtype="float32"), 0), make_optimizer(TC), TC)
+    assert not f32.carries_copy() and f32.init_state(model, 0).compute == {}
+
+
 def test_xla_opt_level_auto_raises_it_only_for_batch_parallel_layers_without_a_pipeline():
     from jaxformer import sharding
     from jaxformer.steps import BATCH_PARALLEL_OPT_LEVEL as ON

@@ -137,6 +137,10 @@ class CompressedSteps(Steps):
             levels.append((start, _Traced(fn, mesh, tc.sequence_parallel, self.optimization_level())))
         self.train_step = _Levels(levels)
 
+    def carries_copy(self) -> bool:
+        """No carried compute copy: each rank casts the replicated weights inside its shard_map."""
+        return False
+
     def init_state(self, model: BertForPreTraining, seed: int) -> TrainState:
         """As `Steps.init_state`; the transform's per-rank state is created directly in its shardings."""
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))

@@ -116,8 +116,8 @@ def tick_loop_bytes(w: Workload, s: Strategy, backend: Backend = GPU) -> float:
 # Inside a tick, the inner layer scan moves each layer weight through memory three more times per layer pass (the
 # operators XLA runs once per layer and tick on weight-shaped buffers, tests/test_plan.py): its compute-dtype copy
 # is made forward and again backward (read float32, write the compute dtype), and its float32 gradient is written
-# into the chunk's stacked gradient (read, write). The plain layer loop fuses the slices into the GEMMs and makes the
-# compute copy once per step.
+# into the chunk's stacked gradient (read, write). The plain layer loop fuses the slices into the GEMMs and reads the
+# compute copy that the previous step's update wrote (steps.Steps.carries_copy).
 SCAN_WEIGHT_COPIES = 2
 SCAN_WEIGHT_GRAD_BYTES = 8
 
