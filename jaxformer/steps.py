@@ -170,7 +170,7 @@ class Steps:
                                        transform_non_params=lambda _: replicated,
                                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
         self.state_shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated,
-                                          bad_step=replicated, compute=self._copied(param_sh, cast=False))
+                                          bad_step=replicated, compute=self._copied(nnx.to_pure_dict(params), like=param_sh))
         self.batch_sharding = sharding.batch_sharding(mesh)
         self.batch_block = distributed.batch_block(self.batch_sharding, tc.batch_size)
         self.train_step = _Traced(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
@@ -267,14 +267,16 @@ class Steps:
         them. Where `_compute_copy` casts (the plain layer stack in a 16-bit dtype)."""
         return self.pipeline is None and self.compute_dtype != jnp.float32
 
-    def _copied(self, params, cast: bool = True) -> dict:
+    def _copied(self, params, like=None) -> dict:
         """{path: leaf} of the stacked weight tensors of `params` that `_compute_copy` casts, in the compute dtype
-        (`cast=False`: the leaves as they are, e.g. shardings); empty where no copy is carried."""
+        (`like`: a tree of the same structure, e.g. shardings, whose leaves are taken instead); empty where no copy
+        is carried."""
         if not self.carries_copy():
             return {}
         flat = jax.tree_util.tree_flatten_with_path(params["encoder"]["layers"])[0]
-        return {jax.tree_util.keystr(path): (leaf.astype(self.compute_dtype) if cast else leaf)
-                for path, leaf in flat if len(leaf.shape) >= 3}
+        take = [leaf.astype(self.compute_dtype) for _, leaf in flat] if like is None else \
+            jax.tree.leaves(like["encoder"]["layers"], is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        return {jax.tree_util.keystr(path): t for (path, leaf), t in zip(flat, take) if len(leaf.shape) >= 3}
 
     def checkpointed(self, state: TrainState) -> TrainState:
         """What a checkpoint holds of `state` (arrays, shapes or shardings): all of it but the compute copy."""

@@ -13,6 +13,7 @@ from benchmarks import train_step
 TINY = ["--config", "tiny", "--seq-len", "16", "--batch-size", "2"]
 
 
+@pytest.mark.slow
 def test_train_step_reports_the_model_flop_rate_and_the_compiled_step_agrees(tmp_path):
     r = train_step.main(TINY + ["--kernels", "xla", "--steps", "1", "--warmup", "0", "--repeats", "1",
                                 "--gemm", "64,64,64", "--dump-hlo", str(tmp_path / "step.hlo")], quiet=True)
@@ -47,6 +48,7 @@ def test_gemm_flag():
 
 @pytest.mark.skipif(not (importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")),
                     reason="needs torch and transformers")
+@pytest.mark.slow
 def test_compare_pytorch_runs_both_sides_on_the_same_batches(tmp_path, capsys):
     from benchmarks import compare_pytorch as cp
     out = tmp_path / "compare.json"

@@ -46,6 +46,7 @@ def test_options_name_field_and_value(field, value, named):
         CompressionConfig(**{field: value})
 
 
+@pytest.mark.slow
 def test_compression_needs_a_data_axis_of_two_or_more():
     with pytest.raises(ValueError, match="axis='data'.*tensor=8"):
         CompressionConfig().check_mesh(sharding.make_mesh("tensor=8"))
@@ -260,6 +261,7 @@ def _check_conserved(grads, old_residual, updates, state):
     return [np.asarray(g, np.float64) + r0 - r for g, r0, r in zip(grads, old_residual, new)]  # what each sent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exchange", ["allgather", "balanced"])
 def test_exchange_sums_what_each_rank_sent_of_its_top_k(exchange):
     cfg = CompressionConfig(density=0.05, exchange=exchange, min_size=4096, value_dtype="float32",
@@ -285,6 +287,7 @@ def test_exchange_sums_what_each_rank_sent_of_its_top_k(exchange):
     _check_conserved(grads2, residual, updates2, state2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exchange, selection", [("allgather", "sampled"), ("balanced", "reused")])
 def test_bfloat16_exchange_keeps_its_rounding_in_the_residual(exchange, selection):
     cfg = CompressionConfig(density=0.02, exchange=exchange, selection=selection, min_size=4096)
@@ -299,6 +302,7 @@ def test_bfloat16_exchange_keeps_its_rounding_in_the_residual(exchange, selectio
     assert int(state.count) == 3
 
 
+@pytest.mark.slow
 def test_balanced_overflow_stays_in_the_residual_and_rebalancing_follows_the_entries():
     cfg = CompressionConfig(density=0.02, exchange="balanced", min_size=4096, send_slack=1.0, rebalance_every=1,
                             value_dtype="float32", gather_factor=16.0)
@@ -331,6 +335,7 @@ def test_balanced_overflow_stays_in_the_residual_and_rebalancing_follows_the_ent
     assert np.asarray(state2.stats).reshape(8, 4)[:, 1].sum() < stats[:, 1].sum()
 
 
+@pytest.mark.slow
 def test_momentum_correction_and_local_clipping():
     mesh = sharding.make_mesh("data=8")
     cfg = CompressionConfig(density=1.0, exchange="allgather", min_size=4096, value_dtype="float32", momentum=0.9)
@@ -371,6 +376,7 @@ def test_a_warm_up_level_dearer_than_dense_runs_the_dense_all_reduce():
     assert all(np.all(np.asarray(r) == 0) for r in jax.tree.leaves(state.residual))
 
 
+@pytest.mark.slow
 def test_exchange_works_on_each_devices_shards_of_tensor_and_pipeline():
     mesh = sharding.make_mesh("data=2,tensor=2,pipeline=2")
     specs = [P("tensor", None), P("pipeline", None, "tensor"), P()]
@@ -410,6 +416,7 @@ def _params_close(a, b, **tol):
         np.testing.assert_allclose(x, y, err_msg=jax.tree_util.keystr(path), **tol)
 
 
+@pytest.mark.slow
 def test_density_one_trains_as_the_dense_step_on_a_tensor_and_pipeline_mesh():
     """Everything sent in float32: the compressed step (per-rank gradients in a shard_map over data, the balanced
     exchange on each device's tensor and pipeline shards) gives the dense step's losses and parameters."""
@@ -443,6 +450,7 @@ def _sparse_steps():
     return CompressedSteps(model, make_optimizer(TC), TC, sharding.make_mesh("data=2", jax.devices()[:2]), SPARSE)
 
 
+@pytest.mark.slow
 def test_compressed_step_has_no_dense_all_reduce():
     steps = _sparse_steps()
     state = steps.place(jax.device_get(steps.init_state(_model()[0], 0)))
@@ -457,6 +465,7 @@ def test_compressed_step_has_no_dense_all_reduce():
     assert moved < 0.5 * grad_bytes
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_gives_identical_next_steps(tmp_path):
     steps = _sparse_steps()
     state = steps.place(jax.device_get(steps.init_state(_model()[0], 0)))
@@ -481,6 +490,7 @@ def test_checkpoint_round_trip_gives_identical_next_steps(tmp_path):
     assert np.any(np.asarray(a.opt_state[0].thresholds) > 0)  # the reused thresholds travelled too
 
 
+@pytest.mark.slow
 def test_frozen_variance_runs_dense_steps_then_compressed_ones_with_the_second_moment_fixed():
     """`compression_freeze_variance_after=2`: steps 1-2 all-reduce the dense gradient (the dense step's parameters,
     no residual), step 3 is compressed (a residual) and leaves Adam's second moment as step 2 left it."""

@@ -65,6 +65,7 @@ def test_selection_choices_are_the_librarys():
     assert COMPRESSION_SELECTIONS == SELECTIONS
 
 
+@pytest.mark.slow
 def test_a_compressed_run_writes_metrics_and_checkpoints(compressed):
     steps = [r for r in metrics(compressed) if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
@@ -78,6 +79,7 @@ def test_a_compressed_run_writes_metrics_and_checkpoints(compressed):
     assert record["train_config"]["grad_compression"] == "topk-balanced"
 
 
+@pytest.mark.slow
 def test_a_compressed_run_resumes_exactly(corpus, compressed, tmp_path, monkeypatch):
     """Stopped after step 4 (a checkpoint there, as Ctrl-C does) and resumed: the uninterrupted run's metrics and
     final state, bit for bit (the residuals and the exchange's state travel with the optimizer state)."""
@@ -94,6 +96,7 @@ def test_a_compressed_run_resumes_exactly(corpus, compressed, tmp_path, monkeypa
     assert "all-to-all" in hlo and "all-gather" in hlo
 
 
+@pytest.mark.slow
 def test_a_frozen_variance_run_resumes_exactly(corpus, tmp_path, monkeypatch):
     """Two dense steps, then compressed ones with Adam's second moment frozen: stopped after step 4 and resumed, the
     uninterrupted run's metrics and final state, bit for bit."""
@@ -156,6 +159,7 @@ def test_train_config_builds_the_compression_config():
     assert dataclasses.replace(frozen, clip_norm=0.0).compression_config().clip_norm is None
 
 
+@pytest.mark.slow
 def test_hlo_report_counts_the_compressed_exchange(capsys):
     """The step on data=2 with --grad-compression: no all-reduce of gradients, an all-to-all and an all-gather."""
     from jaxformer import hlo_report

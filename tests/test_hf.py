@@ -68,6 +68,7 @@ def _assert_match(ours, theirs, mask):
     assert real.sum() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
 def test_parity_object_and_directory(index, tmp_path):
     cfg = CONFIGS[index]
@@ -92,6 +93,7 @@ def test_pytorch_bin_directory(tmp_path):
                   _hf_logits(hf, ids, types, mask), mask)
 
 
+@pytest.mark.slow
 def test_round_trip_is_exact(tmp_path):
     cfg = BertConfig(**CONFIGS[0], dtype="float32")
     model = BertForPreTraining(cfg, rngs=nnx.Rngs(3))

@@ -132,6 +132,7 @@ ENTRY %main (x: f32[8,8]) -> f32[8,8] {
     assert rep.classes()["contraction"]["bytes"] == 7 * 2 * 4 * 64
 
 
+@pytest.mark.slow
 def test_tiny_train_step_matches_analytic_matmul_flop():
     tc = TrainConfig(config="tiny", seq_len=32, batch_size=4, kernels="xla")
     cfg = tc.model_config(30522)
@@ -153,6 +154,7 @@ def run_cli(*args):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_json_and_bad_flag():
     r = run_cli("--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--forward-only", "--json", "--top", "3")
     assert r.returncode == 0, r.stderr

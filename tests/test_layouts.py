@@ -120,6 +120,7 @@ def _check_same(results, configs):
             assert rel_err(a, b) < 1e-5, L
 
 
+@pytest.mark.slow
 def test_every_candidate_gives_the_default_outputs_and_gradients():
     sample = each_value_sample()
     assert all(any(getattr(L, t) == c for L in sample + [lc.LayoutConfig()])
@@ -135,6 +136,7 @@ def test_all_pairs_sample_gives_the_default_outputs_and_gradients():
     _check_same(_layer_outputs([lc.LayoutConfig()] + sample), sample)
 
 
+@pytest.mark.slow
 def test_encoder_scan_in_another_layout_matches_the_default():
     """The Encoder (BSD in, a transpose into L.x, the scan over 2 layers, back to BSD) with dropout off: outputs and
     gradients (the rest of the model never sees the layer layouts)."""
@@ -158,6 +160,7 @@ def test_encoder_scan_in_another_layout_matches_the_default():
         assert rel_err(a, b) < 1e-5
 
 
+@pytest.mark.slow
 def test_pallas_kernels_in_another_layout_match_xla():
     """Flash attention (BSNH) between inserted transposes, BDRLN and bias+GELU on SBD/SBF rows (interpret mode)."""
     L = lc.LayoutConfig(x="SBD", qkv="CBNSH", ctx="BNSH", h="SBF")
@@ -267,6 +270,7 @@ def test_solver_inserts_the_transpose_a_fixed_layout_operator_needs():
 
 # -- the search CLI --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_search_cli_end_to_end_on_the_cpu(tmp_path, capsys):
     from jaxformer import layout_search as search
     out = tmp_path / "tiny.json"

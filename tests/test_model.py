@@ -26,6 +26,7 @@ def tiny32():
     return BertForPreTraining(BertConfig.preset("tiny", dtype="float32", **SMALL), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "mini"])
 def test_preset_shapes_run(name):
     cfg = BertConfig.preset(name)
@@ -56,6 +57,7 @@ def test_large_preset_shapes_abstract(name):
     assert out.hidden_states.shape == (2, 16, cfg.hidden_size)
 
 
+@pytest.mark.slow
 def test_masked_positions_select_the_full_logits(tiny32):
     ids, types, mask = _inputs(2, 12, 97)
     full = tiny32(ids, types, mask).mlm_logits
@@ -75,6 +77,7 @@ def test_padding_does_not_change_real_positions(tiny32):
     assert not np.allclose(out.hidden_states[0, 6:], out2.hidden_states[0, 6:])
 
 
+@pytest.mark.slow
 def test_fp32_gradient_matches_finite_differences(tiny32):
     # Full fp32 matmuls: on GPUs the default precision uses TF32, whose rounding swamps finite differences.
     with jax.default_matmul_precision("highest"):
@@ -128,6 +131,7 @@ def test_dropout_on_vs_off():
                                off1.hidden_states, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["full", "dots"])
 def test_remat_same_values_and_gradients(remat):
     cfg = BertConfig.preset("tiny", dtype="float32", **SMALL)
@@ -144,6 +148,7 @@ def test_remat_same_values_and_gradients(remat):
         assert float(jnp.linalg.norm(a - b)) <= 1e-5 * float(jnp.linalg.norm(b)) + 1e-7
 
 
+@pytest.mark.slow
 def test_program_size_does_not_grow_with_depth_under_scan_layers():
     """With scan_layers the layers run in a scan: the traced program of 2 and 12 layers has the same number of
     equations; the loop over the layers (the default, on one device and under a mesh) grows with depth."""
@@ -188,6 +193,7 @@ def test_layer_loop_gradient_is_one_concatenate_per_parameter():
     assert stacked <= set(made("concatenate"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["xla", "pallas"])
 def test_layer_loop_equals_scan(kernels):
     """The default loop over the layers and `scan_layers=True` compute the same function: outputs with dropout on
@@ -218,6 +224,7 @@ def test_invalid_inputs_are_named():
         model(jnp.zeros((40,), jnp.int32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_full_remat_lowers_the_compiled_peak(scan_layers):
     """remat='full' keeps only each layer's input: the compiled gradient needs less temporary memory than without

@@ -86,6 +86,7 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path, clean_env, monkeypatch):
     corpus, vocab = _inputs(tmp_path)
     multi, single = tmp_path / "multi", tmp_path / "single"
@@ -122,6 +123,7 @@ def test_two_processes_train_like_one(tmp_path, clean_env, monkeypatch):
     assert sorted(p.name for p in multi.iterdir()) == sorted(p.name for p in single.iterdir())
 
 
+@pytest.mark.slow
 def test_two_processes_train_with_compressed_gradients(tmp_path, clean_env):
     """--grad-compression over data=2, one device per process: the exchange's per-rank state is created in its
     sharding across the processes (Steps.place keeps it) and its all-to-all and all-gather run over gloo."""

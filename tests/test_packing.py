@@ -208,6 +208,7 @@ def unpacked(batch):
     return {k: np.stack(v) for k, v in out.items()}, slots, samples
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["xla", "pallas"])
 def test_a_packed_row_gives_its_samples_the_unpacked_losses_and_gradients(kernels):
     """Per-sample MLM and NSP nll, and the gradients of their sum, of packed rows equal those of the same samples
@@ -261,6 +262,7 @@ def short_docs(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_train_py_packs_reports_tokens_per_second_and_refuses_another_packing(short_docs, cache, tmp_path,
                                                                               capsys):  # noqa: F811
     import train as cli

@@ -83,6 +83,7 @@ def _assert_close(got, want):
     (dict(pipeline=2, data=2, tensor=2), Pipeline(stages=2, microbatches=4), "full"),
     (dict(pipeline=4, data=2), Pipeline(stages=4, microbatches=4, repeats=2), "dots"),
 ], ids=["gpipe-m4", "gpipe-m8", "tensor-remat", "circular-r2"])
+@pytest.mark.slow
 def test_pipelined_model_matches_plain_scan(plain, axes, pipeline, remat):
     params0, want = plain
     params, grad = _loss_and_grad(BertConfig(**TINY, remat=remat))
@@ -144,6 +145,7 @@ def test_each_layer_is_rematerialised_under_the_remat_policy():
     assert "nothing_saveable" not in jaxpr(None)
 
 
+@pytest.mark.slow
 def test_dropout_masks_differ_across_microbatches_and_match_the_scan_with_one():
     cfg = BertConfig(**dict(TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_hidden_layers=2))
     model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
@@ -198,6 +200,7 @@ def test_validation_errors():
                            key=jax.random.key(0))
 
 
+@pytest.mark.slow
 def test_pallas_kernels_run_per_stage_and_batch_shard_inside_the_pipeline():
     """kernels="pallas" (interpret mode) inside the pipeline on a pipeline=2, data=2 mesh: the kernels' batch
     shard_map, vmapped over stages with spmd_axis_name="pipeline", runs per (stage, batch shard); values and

@@ -2,6 +2,7 @@
 memory per device (within 8% of XLA's memory analysis); the parameter and activation inventories against the model
 and JAX's saved residuals; the search, the CLI, calibration fitting and validation on a synthetic runs file."""
 
+import functools
 import json
 import math
 
@@ -40,35 +41,28 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    return {name: xla_check.check(BertConfig.preset(preset), seq, batch, s)
-            for name, (preset, seq, batch, s) in CASES.items()}
+@functools.cache
+def _compiled(name):
+    """One case's compiled step and the model's counts of it, compiled once per process (whichever worker runs the
+    case: a module fixture would compile all ten in each)."""
+    preset, seq, batch, s = CASES[name]
+    return xla_check.check(BertConfig.preset(preset), seq, batch, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_collective_bytes_equal_the_compiled_steps(compiled, name):
-    r = compiled[name]
+def test_collectives_flop_and_memory_equal_the_compiled_steps(name):
+    r = _compiled(name)
     assert set(r.comm_model) == set(r.comm_compiled)
     for kind, hlo in r.comm_compiled.items():
         # the model counts no scalars; the compiled step sums the loss, metrics and norm pieces (f32[] values riding
         # in the gradient all-reduces' tuples): ~1.4 KB on fsdp=4, tens of bytes elsewhere
         assert abs(r.comm_model[kind] - hlo) <= 4096, (kind, r.comm_model[kind], hlo)
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_contraction_flop_equal_the_compiled_steps(compiled, name):
-    r = compiled[name]
     assert r.flop_model == pytest.approx(r.flop_compiled, rel=2e-3)
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_memory_within_8_percent_of_xla(compiled, name):
-    r = compiled[name]
     assert abs(r.memory_error) < 0.08, (r.memory_model, r.memory_compiled)
 
 
-def test_tensor_backward_all_reduces_are_independent_of_their_weight_gradients(compiled):
+def test_tensor_backward_all_reduces_are_independent_of_their_weight_gradients():
     """The overlap predict.py assumes for tensor parallelism, in the compiled tiny tensor=2 step: the forward
     activation all-reduces have no contraction beside them; each backward input-gradient all-reduce has its block's
     first weight gradient (FFN in, [D, F/tp]; QKV, [3D/tp, D]) among the contractions it neither feeds nor waits for."""
@@ -76,7 +70,7 @@ def test_tensor_backward_all_reduces_are_independent_of_their_weight_gradients(c
     D, F, L = cfg.hidden_size, cfg.intermediate_size // 2, cfg.num_hidden_layers
     act = f"f32[16,64,{D}]"
     ars = [(shape, [s.split("{")[0] for s in ind])
-           for shape, ind in xla_check.independent_contractions(compiled["tensor"].hlo) if act in shape]
+           for shape, ind in xla_check.independent_contractions(_compiled("tensor").hlo) if act in shape]
     assert len(ars) == 1 + 4 * L  # the embedding lookup's, 2 per layer forward, 2 backward
     assert all(not ind for _, ind in ars[:1 + 2 * L])
     backward = ars[1 + 2 * L:]
@@ -112,6 +106,7 @@ _XLA_OF_JAX_010 = pytest.mark.skipif(tuple(int(x) for x in jax.__version__.split
                                      reason="counts read from jax 0.10's compiled CPU program")
 
 
+@pytest.mark.slow
 @_XLA_OF_JAX_010
 def test_pipeline_tick_loop_bytes_and_memory_are_the_compiled_steps():
     """jaxformer's pipeline on a small config whose heads are small (the tick loop sets the peak): the bytes of the
@@ -138,6 +133,7 @@ def test_pipeline_tick_loop_bytes_and_memory_are_the_compiled_steps():
     assert memory(w, s, CPU).total == pytest.approx(compiled, rel=0.08)
 
 
+@pytest.mark.slow
 @_XLA_OF_JAX_010
 def test_pipeline_inner_scan_weight_bytes_are_the_compiled_steps():
     """The bytes the pipeline's inner layer scan moves on weight-shaped buffers (operators run once per layer and
@@ -162,6 +158,7 @@ def test_pipeline_inner_scan_weight_bytes_are_the_compiled_steps():
     assert scan_weight_bytes(w, s, CPU) == pytest.approx(inner, rel=0.02)
 
 
+@pytest.mark.slow
 def test_remat_scan_memory_is_the_compiled_steps():
     """Under remat the layers run in a scan: the rebuilt layer is not alive with the MLM head's working set (the
     peak on tiny), the stacked layer gradient is alive with it in the loop."""

@@ -70,6 +70,7 @@ def reference(corpus, env, base):
     return out
 
 
+@pytest.mark.slow
 def test_the_same_command_in_a_fresh_process_gives_the_same_run(corpus, env, reference, tmp_path):
     """The tokenizer is reused from the cache (trained vocabularies are keyed by corpus contents), so every number
     of the run repeats: losses, learning rates, evaluations and the final state, bit for bit."""

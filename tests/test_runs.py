@@ -52,6 +52,7 @@ def finished(corpus, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_out_belongs_to_one_run_and_overwrite_starts_it_afresh(corpus, finished, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
@@ -133,6 +134,7 @@ def test_extending_a_run_continues_the_learning_rate(corpus, finished, tmp_path,
         [(r["step"], r["loss"], r["lr"]) for r in metrics(a) if "loss" in r]
 
 
+@pytest.mark.slow
 def test_schedule_pieces_and_their_optimizer():
     """Mid-run extension [[0, 6], [3, 10]]: the original rate up to step 3, then from its value there linearly to 0 at
     10. The optimizer's updates are the original's bit for bit before 3 and follow that rate after."""

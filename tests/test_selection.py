@@ -50,6 +50,7 @@ def _assert_same(got, want):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["exact", "sampled", "reused"])
 def test_bitmap_selection_is_the_reference_selection(method):
     mags, ks = _case(seed=["exact", "sampled", "reused"].index(method))

@@ -75,6 +75,7 @@ def _assert_state_close(state, ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["data=8", "fsdp=8", "data=2,tensor=4", "fsdp=2,tensor=4"])
 def test_meshes_match_one_device(spec):
     ref_losses, ref_state = _reference()
@@ -106,6 +107,7 @@ def _assert_steps_match_one_device(steps, host_state):
     _assert_state_close(state, ref_state)
 
 
+@pytest.mark.slow
 def test_trainer_pipeline_mesh_matches_one_device():
     """The trainer's steps on `fsdp=2,tensor=2,pipeline=2` with 2 microbatches (the encoder runs through
     jaxformer/pipeline.py: Steps builds the schedule from the mesh and the flags) equal one device."""
@@ -164,6 +166,7 @@ def test_data_parallel_all_reduces_gradients_and_gathers_no_weights():
     assert counts["all-gather"]["count"] == 0 and counts["reduce-scatter"]["count"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True], ids=["loop", "scan"])
 def test_fsdp_gathers_each_layer_and_reduces_gradients(scan):
     counts, ops = _collectives("fsdp=8", CFG.replace(scan_layers=scan))
@@ -181,6 +184,7 @@ def test_fsdp_gathers_each_layer_and_reduces_gradients(scan):
 TP_CFG = CFG.replace(hidden_size=128, num_attention_heads=8, intermediate_size=256)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_gathers_no_weight_and_no_logits():
     counts, ops = _collectives("tensor=8", TP_CFG)
     weights = {s for s in _weight_shapes(TP_CFG) if len(s) >= 2}
@@ -196,6 +200,7 @@ def test_tensor_parallel_gathers_no_weight_and_no_logits():
     assert counts["all-reduce"]["count"] >= 2
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(tmp_path):
     _, state = _run("data=8", batches=BATCHES[:1])
     ckpt = Checkpointer(tmp_path / "ckpt")
@@ -266,6 +271,7 @@ def test_cli_bad_mesh_exits_2(tmp_path, capsys):
     assert "num_attention_heads=2 is not divisible by tensor=4" in capsys.readouterr().err  # tiny has 2 heads
 
 
+@pytest.mark.slow
 def test_cli_tensor_parallel_matches_data_parallel(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFORMER_CACHE_DIR", str(tmp_path / "cache"))
     rng = np.random.RandomState(0)
@@ -293,6 +299,7 @@ def test_cli_tensor_parallel_matches_data_parallel(tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- kernels
+@pytest.mark.slow
 def test_flash_attention_splits_heads_over_tensor_with_the_unsharded_dropout_mask():
     from pallas_kernels.attention import attention, sharded_flash_attention
     from pallas_kernels.dropout import seed_from_key

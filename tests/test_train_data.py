@@ -62,6 +62,7 @@ def expect_error(capsys, argv, *needles):
         assert needle in err, err
 
 
+@pytest.mark.slow
 def test_a_prepared_set_trains_without_reading_text(prepared, cache, tmp_path, monkeypatch, capsys):
     refuse_text(monkeypatch)
     manifest = json.loads((prepared / MANIFEST).read_text())

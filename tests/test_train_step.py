@@ -21,6 +21,7 @@ CFG = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attent
 TC = TrainConfig(batch_size=8, seq_len=16, steps=10, warmup_steps=1, dropout=0.0)
 
 
+@pytest.mark.slow
 def test_gradients_through_the_compute_copy_equal_the_float32_ones():
     model = build_model(CFG, 0)
     steps = Steps(model, make_optimizer(TC), TC)
@@ -78,6 +79,14 @@ def test_the_carried_compute_copy_gives_the_steps_of_casting_each_step():
         assert np.array_equal(np.asarray(a), np.asarray(b))
     f32 = Steps(build_model(CFG.replace(dtype="float32"), 0), make_optimizer(TC), TC)
     assert not f32.carries_copy() and f32.init_state(model, 0).compute == {}
+    # On a mesh the copy has its weights' shardings.
+    tc = dataclasses.replace(TC, mesh="data=4,tensor=2")
+    meshed = Steps(model, make_optimizer(tc), tc, sharding.make_mesh(sharding.validate(tc.mesh, CFG, tc)))
+    placed = meshed.initial_state(0)
+    for k, v in placed.compute.items():
+        assert v.sharding == meshed.state_shardings.compute[k] and v.dtype == jnp.bfloat16
+    assert placed.compute["['attention']['qkv_kernel']"].sharding == \
+        placed.params["encoder"]["layers"]["attention"]["qkv_kernel"].sharding
 
 
 def test_xla_opt_level_auto_raises_it_only_for_batch_parallel_layers_without_a_pipeline():
@@ -98,6 +107,7 @@ def test_xla_opt_level_auto_raises_it_only_for_batch_parallel_layers_without_a_p
     assert options("data=4,pipeline=2", microbatches=2) is None  # a pipeline: not measured better at O2
 
 
+@pytest.mark.slow
 def test_the_step_compiles_at_its_optimization_level(monkeypatch):
     """The level is a context read when XLA compiles: the first call and `Steps.train_step.compile` both compile
     inside it (a `lower(...).compile()` outside it would build, and cache, a default-level executable)."""
@@ -124,6 +134,7 @@ def test_the_step_compiles_at_its_optimization_level(monkeypatch):
         assert seen and set(seen) == {"O1"}, (how, seen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["data=8", "data=2,fsdp=2,tensor=2"])
 def test_initial_state_in_its_shardings_equals_the_placed_one(mesh):
     tc = dataclasses.replace(TC, mesh=mesh)

@@ -74,6 +74,7 @@ def metrics(out):
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_cli_writes_metrics_checkpoints_plot(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(args(corpus, out, "--steps", "8", "--lr", "3e-3")) == 0
@@ -97,6 +98,7 @@ def test_cli_writes_metrics_checkpoints_plot(corpus, tmp_path, capsys):
     assert "step 1: compiling the train step" in printed
 
 
+@pytest.mark.slow
 def test_resume_continues_identically(corpus, tmp_path, monkeypatch, capsys):
     """The losses after a resume (given only --out) equal the uninterrupted run's, step for step, dropout included
     (its key is part of the checkpointed state). The resumed start reads its batches in Grain's worker processes
@@ -114,6 +116,7 @@ def test_resume_continues_identically(corpus, tmp_path, monkeypatch, capsys):
     assert a == b
 
 
+@pytest.mark.slow
 def test_resume_may_change_how_the_step_runs(corpus, tmp_path, monkeypatch, capsys):
     """--kernels/--remat/--log-every do not change the parameters: a run may resume with other values (logged)."""
     out = tmp_path / "run"
@@ -161,6 +164,7 @@ def test_vocab_that_does_not_fit(corpus, tmp_path, capsys):
                   "vocab_size=500")
 
 
+@pytest.mark.slow
 def test_resume_with_other_config_and_undecodable_bytes(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     mixed = tmp_path / "mixed.txt"
@@ -172,6 +176,7 @@ def test_resume_with_other_config_and_undecodable_bytes(corpus, tmp_path, capsys
     assert (out / "checkpoints" / "3").is_dir()  # nothing saved was lost
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, capsys):
     out = tmp_path / "nan"
     # A learning rate of 1e30 overflows the parameters on the first update: the loss turns non-finite.
@@ -187,6 +192,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, 
     assert saved[-1] == good  # every good step was saved (--save-every 1), the bad one never
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_exits_cleanly(corpus, tmp_path):
     out = tmp_path / "int"
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
@@ -206,6 +212,7 @@ def test_ctrl_c_saves_and_exits_cleanly(corpus, tmp_path):
     assert len(saved) == 1 and int(saved[0]) >= 2
 
 
+@pytest.mark.slow
 def test_cli_pallas_kernels_per_device_match_xla(corpus, tmp_path):
     """--kernels pallas on the 8-device data mesh (kernels per shard in shard_map, interpreted on CPU) trains with
     the same losses as --kernels xla, dropout included: the kernels draw the references' masks on every shard."""
@@ -235,6 +242,7 @@ def test_output_dir_without_out(tmp_path, monkeypatch):
     assert run.resume_dir(None) == Path("runs/20240102-000000")
 
 
+@pytest.mark.slow
 def test_compile_cache_keeps_the_compiled_step_and_none_turns_it_off(corpus, tmp_path):
     from jax._src import compilation_cache
     from jaxformer.trainer import use_compile_cache
@@ -276,6 +284,7 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 2.5), (2, 2.25)]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_the_earlier_qkv_order_resumes(tmp_path):
     """Checkpoints of runs whose run.json has no params_format (format 1) hold the QKV kernel and its moments as
     (L, C, D, N, H): a resume restores them in that order and converts them, shardings included."""
@@ -286,8 +295,8 @@ def test_a_checkpoint_with_the_earlier_qkv_order_resumes(tmp_path):
     tc = TrainConfig(config="tiny", batch_size=8, seq_len=32, steps=4, warmup_steps=1, mesh="data=2,fsdp=2,tensor=2")
     cfg = tc.model_config(64)
     mesh_cfg = sharding.validate(tc.mesh, cfg, tc)
-    _, state, _ = build_state(cfg, mesh_cfg, tc, log=lambda *a: None)
-    earlier = jax.jit(_swap_qkv)(state)
+    steps, state, _ = build_state(cfg, mesh_cfg, tc, log=lambda *a: None)
+    earlier = jax.jit(_swap_qkv)(steps.checkpointed(state))  # what the loop saves
     qkv = state.params["encoder"]["layers"]["attention"]["qkv_kernel"]
     assert earlier.params["encoder"]["layers"]["attention"]["qkv_kernel"].shape == (2, 3, 128, 2, 64) \
         and qkv.shape == (2, 128, 3, 2, 64)

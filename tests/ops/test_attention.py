@@ -202,6 +202,7 @@ def test_default_backward_kernels():
 _FUSED = default_blocks(128, 64)  # the Triton one-kernel backward; the Mosaic GPU passes read only its fold_bias
 
 
+@pytest.mark.slow
 @interpret_mosaic
 @pytest.mark.parametrize("packed", [False, True])
 def test_mosaic_backward_matches_reference(packed):
@@ -217,6 +218,7 @@ def test_mosaic_backward_matches_reference(packed):
         _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, impl="mosaic_bwd")
 
 
+@pytest.mark.slow
 @interpret_mosaic
 def test_mosaic_backward_draws_a_shards_mask():
     # A batch and head shard (batch_offset 2, head_offset 1 of 4 heads, as `sharded_flash_attention_qkv` passes them):
@@ -238,6 +240,7 @@ def test_mosaic_backward_draws_a_shards_mask():
     assert _rel_err(other[:, :, 2], want[:, :, 2]) > 0.1
 
 
+@pytest.mark.slow
 @interpret_mosaic
 def test_mosaic_backward_persistent_grid():
     # The kernel is persistent: each CTA loops over heads pid, pid + G, ..., loading the next head into the other
@@ -278,6 +281,7 @@ def test_mosaic_backward_lowers_one_kernel_for_all_call_sites():
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
 
 
+@pytest.mark.slow
 @interpret_mosaic
 @pytest.mark.parametrize("packed", [False, True])
 def test_mosaic_forward_matches_triton_forward(packed):
@@ -307,6 +311,7 @@ def test_mosaic_forward_matches_triton_forward(packed):
         _check(*args, mask, g, rate=0.1, seed=5, exact_reference=True, impl="mosaic")
 
 
+@pytest.mark.slow
 @interpret_mosaic
 def test_mosaic_long_matches_reference():
     # The long-row Mosaic GPU passes (`mosaic_long`, S = T a multiple of 128 above 128) in interpret mode: forward and
@@ -319,6 +324,7 @@ def test_mosaic_long_matches_reference():
     _check(q, k, v, mask, g, rate=0.2, seed=6, exact_reference=True, impl="mosaic_long")
 
 
+@pytest.mark.slow
 @interpret_mosaic
 def test_mosaic_long_packed_bias_and_shard_mask():
     # The packed projection with its bias (added by XLA: the long-row kernels fold none) and its gradient, q's part
@@ -560,6 +566,7 @@ def test_unfolded_bias_add_rounds_once_on_gpu(dtype):
     _check_unfolded_bias_add(dtype)
 
 
+@pytest.mark.slow
 def test_packed_qkv_under_a_mesh_equals_one_device():
     # data=2 x fsdp=2 x tensor=2: the kernels run per batch and head shard (each shard's dropout mask is the
     # unsharded one); values and dQKV equal the unsharded call.

@@ -273,6 +273,7 @@ def _max_err(outs, refs):
     return max(float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) for a, b in zip(outs, refs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["bdrln", "bias_gelu"])
 def test_row_candidates_compute_the_reference(op):
     """Every forward tile and backward chunking the tuner may pick gives the reference's result (interpret mode:

@@ -50,6 +50,7 @@ def _call(shape, dtype, rate):
 
 @pytest.mark.parametrize("shape,dtype,rate,impl", [(*c, impl) for c in CASES for impl in kernels_here(
     "bias_dropout_residual_layernorm", _call(*c))])
+@pytest.mark.slow
 def test_matches_reference(shape, dtype, rate, impl):
     _case(shape, dtype, rate, seed=len(shape) + shape[-1], impl=impl)
 
@@ -120,6 +121,7 @@ def test_blocks_name_their_implementation():
         bdrln.layer_norm(jnp.zeros((8, 256)), jnp.ones(256), jnp.zeros(256), eps=1e-12, blocks=(8, 256))
 
 
+@pytest.mark.slow
 @interpret_mosaic
 def test_chosen_mosaic_kernels_run_in_the_forward_and_the_backward(monkeypatch):
     """On an H200 (mocked) with the row thresholds lowered to 8 rows, the public function runs the Mosaic GPU
@@ -194,6 +196,7 @@ def _mosaic_kernels(rows, width, dtype, rate, row_offset, *, plain=False, interp
     (jnp.float32, 0.2, 0, False),
     (jnp.float32, 0.0, 0, True),  # the MLM head's plain layernorm: no bias, no residual
 ])
+@pytest.mark.slow
 def test_mosaic_kernels_interpret(dtype, rate, row_offset, plain):
     width = 256  # the smallest the kernel takes (TMA boxes of 256 columns; 32 lanes x 8 bf16)
     for n_reg, direct in ((0, False), (2, True), (3, False)):  # how many of the backward's column sums are register
@@ -207,6 +210,7 @@ def test_mosaic_kernels_interpret(dtype, rate, row_offset, plain):
         _mosaic_kernels(16, width, dtype, rate, row_offset, plain=plain, interpret=True, blocks=blocks)
 
 
+@pytest.mark.slow
 @interpret_mosaic
 def test_mosaic_statistics_copied_in_chunks(monkeypatch):
     """The backward's row statistics reach SMEM in several TMA copies when a program has more rows than one TMA box

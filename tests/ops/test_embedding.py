@@ -49,10 +49,12 @@ def _call(batch, seq, d, vocab, types, dtype, rate, blocks):
 
 @pytest.mark.parametrize("batch,seq,d,vocab,types,dtype,rate,blocks,impl", [
     (*c, impl) for c in CASES for impl in kernels_here("embedding_layernorm", _call(*c))])
+@pytest.mark.slow
 def test_matches_reference(batch, seq, d, vocab, types, dtype, rate, blocks, impl):
     _case(batch, seq, d, vocab, types, dtype, rate, seed=d + batch, blocks=blocks, impl=impl)
 
 
+@pytest.mark.slow
 def test_bf16_tables_and_repeated_ids():
     """bf16 tables (parameter_dtype bfloat16) and ids that repeat within the batch (the word gradient adds them)."""
     _case(2, 16, 64, 3, 2, jnp.bfloat16, 0.1, seed=5, table_dtype=jnp.bfloat16)

@@ -355,6 +355,7 @@ def _over_bound(db, ref, u):
 STORED_CASES = FUSED_CASES + [((20,), 200, 190, 32, Blocks(block_m=16, block_v=64))]  # + ties, below
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(STORED_CASES)))
 def test_fused_stored_probabilities_backward(case):
     """probs_dtype: the forward stores exp(logit - tile max) and the backward scales it by exp(tile max - logz) in

@@ -4,6 +4,7 @@ dropout on and off (the kernels draw the references' counter-based masks), and t
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxformer import BertConfig, BertForPreTraining
@@ -11,6 +12,7 @@ from jaxformer import BertConfig, BertForPreTraining
 from .harness import rel as _rel
 
 
+@pytest.mark.slow
 def test_pallas_equals_xla():
     """The whole model with kernels='pallas' equals kernels='xla': outputs and gradients with dropout off,
     and, with dropout on, the same masks (the kernels draw the references' counter-based masks)."""
@@ -35,6 +37,7 @@ def test_pallas_equals_xla():
                 assert _rel(a, b) < 1e-4
 
 
+@pytest.mark.slow
 def test_mlm_cross_entropy_pallas_equals_xla_and_logits():
     """The train step's MLM loss (the model called with masked_labels): the cross-entropy of kernels='pallas' (in
     float32 the chunked loss; the fused kernels' case is the next test) equals kernels='xla' and the loss on the
@@ -77,6 +80,7 @@ def test_mlm_cross_entropy_pallas_equals_xla_and_logits():
     assert (2, 4, 256) in shapes("xla") and (2, 4, 256) not in shapes("pallas")
 
 
+@pytest.mark.slow
 def test_mlm_cross_entropy_fused_in_bf16():
     """In bfloat16 (the default compute dtype) kernels='pallas' runs the fused MLM kernels (interpret mode here): the
     loss, its gradients and the predictions against kernels='xla' on the same weights, V = 200 padded to 256."""

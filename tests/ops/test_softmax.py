@@ -33,6 +33,7 @@ CASES = [
 
 @pytest.mark.parametrize("shape,dtype,rate,impl", [(*c, impl) for c in CASES for impl in kernels_here(
     "softmax", softmax.Call(c[0][1] * c[0][2], c[0][3], jnp.dtype(c[1]).name, c[2]))])
+@pytest.mark.slow
 def test_matches_reference(shape, dtype, rate, impl):
     _case(shape, dtype, rate, seed=shape[-1], impl=impl)
 
