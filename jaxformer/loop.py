@@ -126,7 +126,8 @@ def run(tc: TrainConfig, steps: Steps, state: TrainState, data: PreparedSet, tra
                     progress.write(f"step {step}: eval mlm loss {last_eval['eval_mlm_loss']:.3f}, "
                                    f"mlm acc {last_eval['eval_mlm_acc']:.3f}, nsp acc {last_eval['eval_nsp_acc']:.3f}")
             if step % tc.save_every == 0 or last or stopping:
-                ckpt.save(step, steps.checkpointed(state), dict(meta, step=step, **run_data.checkpoint_meta(train_batches, step)))
+                ckpt.save(step, steps.checkpointed(state),
+                          dict(meta, step=step, **run_data.checkpoint_meta(train_batches, step)))
             if stopping:
                 raise Interrupted(f"interrupted: saved a checkpoint at step {step} in {checkpoints}; continue "
                                   f"with: python train.py --out {shlex.quote(str(out))} --resume")

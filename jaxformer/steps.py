@@ -170,7 +170,8 @@ class Steps:
                                        transform_non_params=lambda _: replicated,
                                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
         self.state_shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh, rng=replicated,
-                                          bad_step=replicated, compute=self._copied(nnx.to_pure_dict(params), like=param_sh))
+                                          bad_step=replicated,
+                                          compute=self._copied(nnx.to_pure_dict(params), like=param_sh))
         self.batch_sharding = sharding.batch_sharding(mesh)
         self.batch_block = distributed.batch_block(self.batch_sharding, tc.batch_size)
         self.train_step = _Traced(jax.jit(self._train_step, in_shardings=(self.state_shardings, self.batch_sharding),
@@ -261,22 +262,27 @@ class Steps:
                           rng=jax.random.key_data(jax.random.key(seed)), bad_step=jnp.full((), -1, jnp.int32),
                           compute=self._copied(params))
 
-    def carries_copy(self) -> bool:
-        """Whether the state carries the compute copy of the stacked weights from one step to the next: the update
-        writes it in the same pass as the float32 weights, instead of the next step reading those again to cast
-        them. Where `_compute_copy` casts (the plain layer stack in a 16-bit dtype)."""
+    def _casts(self) -> bool:
+        """Whether the step differentiates through a compute-dtype copy of the stacked weights (`_compute_copy`):
+        the plain layer stack in a 16-bit dtype."""
         return self.pipeline is None and self.compute_dtype != jnp.float32
 
-    def _copied(self, params, like=None) -> dict:
-        """{path: leaf} of the stacked weight tensors of `params` that `_compute_copy` casts, in the compute dtype
-        (`like`: a tree of the same structure, e.g. shardings, whose leaves are taken instead); empty where no copy
-        is carried."""
-        if not self.carries_copy():
-            return {}
+    def carries_copy(self) -> bool:
+        """Whether the state carries that copy from one step to the next: the update writes it in the same pass as
+        the float32 weights, instead of the next step reading those again to cast them."""
+        return self._casts()
+
+    def _cast_layers(self, params, like=None) -> dict:
+        """{path: leaf in the compute dtype} of the encoder's stacked weight tensors (L + 2 or more axes) of
+        `params`; `like`: a tree of the same structure (e.g. shardings) whose leaves are taken instead."""
         flat = jax.tree_util.tree_flatten_with_path(params["encoder"]["layers"])[0]
         take = [leaf.astype(self.compute_dtype) for _, leaf in flat] if like is None else \
             jax.tree.leaves(like["encoder"]["layers"], is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
         return {jax.tree_util.keystr(path): t for (path, leaf), t in zip(flat, take) if len(leaf.shape) >= 3}
+
+    def _copied(self, params, like=None) -> dict:
+        """The state's carried copy of `params` (`_cast_layers`); empty where no copy is carried."""
+        return self._cast_layers(params, like) if self.carries_copy() else {}
 
     def checkpointed(self, state: TrainState) -> TrainState:
         """What a checkpoint holds of `state` (arrays, shapes or shardings): all of it but the compute copy."""
@@ -290,22 +296,19 @@ class Steps:
                        out_shardings=self.state_shardings, donate_argnums=0)(state)
 
     def _compute_copy(self, params, compute: dict | None = None):
-        """`params` with the encoder's stacked weight tensors (L + 2 or more axes) already in the compute dtype.
+        """`params` with the encoder's stacked weight tensors (L + 2 or more axes) already in the compute dtype:
+        `compute`, the state's carried copy of them (`_copied`), or cast here without one.
 
         The layers cast these weights at use anyway; differentiating with respect to the cast copy keeps their
         gradients in bf16 until after the layer loop (bit-identical on one device, tests/test_train_step.py) and
         halves the loop's weight reads and gradient writes (BERT-large +1.2-1.7% seq/s on an H200:
         benchmarks/results/distributed-2xh200.md, gradients through a bf16 copy). Not with pipeline microbatches,
-        whose weight gradients accumulate in float32. The optimizer sees float32. `compute`: the state's carried
-        copy of those tensors (`_copied`), used instead of casting them here."""
-        dt = self.compute_dtype
-        if self.pipeline is not None or dt == jnp.float32:
+        whose weight gradients accumulate in float32. The optimizer sees float32."""
+        if not self._casts():
             return params
-        if compute:
-            layers = jax.tree_util.tree_map_with_path(lambda path, p: compute.get(jax.tree_util.keystr(path), p),
-                                                      params["encoder"]["layers"])
-        else:
-            layers = jax.tree.map(lambda p: p.astype(dt) if p.ndim >= 3 else p, params["encoder"]["layers"])
+        compute = compute or self._cast_layers(params)
+        layers = jax.tree_util.tree_map_with_path(lambda path, p: compute.get(jax.tree_util.keystr(path), p),
+                                                  params["encoder"]["layers"])
         return {**params, "encoder": {**params["encoder"], "layers": layers}}
 
     def _train_step(self, state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:

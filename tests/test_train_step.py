@@ -57,7 +57,7 @@ def test_the_carried_compute_copy_gives_the_steps_of_casting_each_step():
     stacked = jax.device_get(state.compute)  # the state is donated to the step below
     assert steps.carries_copy() and "['attention']['qkv_kernel']" in stacked
     assert all(v.dtype == jnp.bfloat16 and v.ndim >= 3 for v in state.compute.values())
-    assert all(k not in stacked for k in ("['attention']['layer_norm']['scale']",))  # 1-D parameters: none
+    assert "['attention']['layer_norm']['scale']" not in stacked  # 1-D parameters: none
     carried, cast = state, jax.tree.map(jnp.copy, steps.checkpointed(state))
     for i in range(3):
         batch = synthetic_batch(CFG.vocab_size, 8, 16, 3, seed=10 + i)
