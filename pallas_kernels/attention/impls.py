@@ -1,14 +1,15 @@
 """The implementations of attention (q, k, v apart) and attention_qkv (one packed projection), first choice first.
 
 - `mosaic_bwd`: the Triton forward and the Mosaic GPU one-kernel backward (`kernel_mgpu.py`): Hopper or newer,
-  S = T = 128, H = 64, bfloat16. Against Triton's one-kernel backward at B64 N16 S128 it measured 94.3 -> 58.1 us at
+  S = T = 128, H = 64, bfloat16, a key mask or packed rows' segment ids. Against Triton's one-kernel backward at B64 N16 S128 it measured 94.3 -> 58.1 us at
   p = 0 and 103.7 -> 70.5 at p = 0.1, 59.2 in its persistent form (H200; faster on the H100 too: kernels-h200.md and
   kernels-h100.md, Attention).
 - `triton`: FlashAttention-2 forward and backward (`forward.py`, `backward.py`), any shape the tiles fit.
 - `xla`: the reference (`reference.py`), which materialises the BNST scores.
 - `mosaic` (only when named): both passes in Mosaic GPU; its forward measured no faster in the train step.
 - `mosaic_long` (only when named): both passes in Mosaic GPU for S = T a multiple of 128 above 128, H = 64,
-  bfloat16 (`kernel_mgpu_long.py`): persistent wgmma kernels that skip the key blocks past a row's last real key.
+  bfloat16 (`kernel_mgpu_long.py`): persistent wgmma kernels that skip the key blocks past a row's last real key;
+  a key mask only.
 """
 
 import dataclasses
@@ -39,10 +40,13 @@ class Call:
     segments: bool = False  # packed sequences: the mask holds segment ids (`reference.segment_mask`)
 
 
-def _untiled(fn):
-    """A Mosaic GPU pass in the Triton passes' signature: it takes no tile sizes and no segments."""
+def _untiled(fn, takes_segments: bool = True):
+    """A Mosaic GPU pass in the Triton passes' signature: it takes no tile sizes; `takes_segments` whether it takes
+    packed rows' segment ids."""
     def run(*args, blocks, segments=False, **kw):
-        assert not segments, "the Mosaic GPU kernels take a key mask only (Kernels.supports)"
+        if takes_segments:
+            return fn(*args, segments=segments, **kw)
+        assert not segments, "this Mosaic GPU kernel takes a key mask only (Kernels.supports)"
         return fn(*args, **kw)
     return run
 
@@ -54,15 +58,17 @@ class Kernels(Implementation):
     """A forward and a backward with the contract of `forward.forward` / `backward.backward`, configured by
     `blocks.Blocks` (the Mosaic GPU passes read only `fold_bias` of it)."""
 
-    def __init__(self, name: str, forward, backward, summary: str, *, mosaic=None, tuned_stages=("fwd", "bwd")):
-        """`mosaic`: for Mosaic GPU kernels, the module whose `check_shape` says which calls they take."""
+    def __init__(self, name: str, forward, backward, summary: str, *, mosaic=None, tuned_stages=("fwd", "bwd"),
+                 segments: bool = True):
+        """`mosaic`: for Mosaic GPU kernels, the module whose `check_shape` says which calls they take; `segments`:
+        whether they take packed rows' segment ids."""
         self.name, self.forward, self.backward, self.summary = name, forward, backward, summary
-        self.mosaic, self.tuned_stages = mosaic, tuned_stages
+        self.mosaic, self.tuned_stages, self.segments = mosaic, tuned_stages, segments
 
     def supports(self, call: Call, device):
         if self.mosaic is None:
             return None
-        if call.segments:
+        if call.segments and not self.segments:
             return Skip("takes a key mask only, not packed rows' segment ids", "call")
         try:
             self.mosaic.check_shape(call.seq_q, call.seq_k, call.head_dim, call.dtype)
@@ -84,9 +90,10 @@ MOSAIC_BWD = Kernels("mosaic_bwd", _forward.forward, _mosaic_backward, "Triton f
 TRITON = Kernels("triton", _forward.forward, _backward.backward, "FlashAttention-2 in Triton (forward.py, backward.py)")
 MOSAIC = Kernels("mosaic", _mosaic_forward, _mosaic_backward, "both passes in Mosaic GPU (kernel_mgpu.py; only when "
                  "named): Hopper+, S = T = 128, H = 64, bf16", mosaic=kernel_mgpu, tuned_stages=())
-MOSAIC_LONG = Kernels("mosaic_long", _untiled(kernel_mgpu_long.forward), _untiled(kernel_mgpu_long.backward),
+MOSAIC_LONG = Kernels("mosaic_long", _untiled(kernel_mgpu_long.forward, False),
+                      _untiled(kernel_mgpu_long.backward, False),
                       "both passes in Mosaic GPU for long rows (kernel_mgpu_long.py; only when named): Hopper+, "
-                      "S = T = 256, 384, ..., H = 64, bf16", mosaic=kernel_mgpu_long, tuned_stages=())
+                      "S = T = 256, 384, ..., H = 64, bf16", mosaic=kernel_mgpu_long, tuned_stages=(), segments=False)
 
 ATTENTION = registry.register(Operator(
     "attention", "softmax(q k^T / sqrt(H), key mask) with dropout, times v (SM, BS)",

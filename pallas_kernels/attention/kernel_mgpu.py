@@ -1,6 +1,6 @@
 """Mosaic GPU (Hopper+) flash attention for S = T = 128 and head width 64: a one-kernel backward with the same
-contract as the Triton `backward.backward` (the key mask, dropout, packed q/k/v, the folded Q/K/V bias and its
-gradient; the `mosaic_bwd` implementation, the default where it runs), and a forward with `forward.forward`'s (the
+contract as the Triton `backward.backward` (the key mask or packed rows' segment ids, dropout, packed q/k/v, the
+folded Q/K/V bias and its gradient; the `mosaic_bwd` implementation, the default where it runs), and a forward with `forward.forward`'s (the
 opt-in `mosaic` implementation: measured no faster than Triton's), persistent alike.
 
 Why: at S = 128 the Triton one-kernel backward multiplies 32 x 128 x 64 tiles with synchronous mma instructions at
@@ -43,7 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
 from ..dropout import keep_mask_lanes
-from .tiles import shapes
+from .tiles import allowed, shapes
 
 __all__ = ["backward", "check_shape", "forward", "programs_for", "shape_ok"]
 
@@ -156,20 +156,22 @@ def _first_index(rowbase_ref, bi, ni, heads: int, interpret):
     return _per_row(rowbase_ref, interpret) + (bi * heads + ni).astype(jnp.uint32) * jnp.uint32(_SEQ * _SEQ)
 
 
-def _masked_scores(sc, code, scale, real=None):
-    """Base-2 scores of a (queries, key half) tile, as `tiles.scores`: real keys (code > 0, or `real` where the
-    caller has it) scaled, padded keys (code 0) at finfo.min, every key of an example without real keys (code -1)
-    at 0."""
-    real = code > 0 if real is None else real
-    return jnp.where(real, sc * (scale * _LOG2E), jnp.where(code == 0, _PADDED, 0.0))
+def _masked_scores(sc, code, scale, qcode=None, kept=None):
+    """Base-2 scores of a (queries, key half) tile, as `tiles.scores`: the kept scores (`tiles.allowed` of the
+    per-key `code` and, with segments, the query rows' `qcode`; or `kept` = (keep, fill) where the caller has it)
+    scaled, the others at their fill (finfo.min, or 0 for every key of an example without real keys)."""
+    keep, fill = allowed(code, qcode) if kept is None else kept
+    return jnp.where(keep, sc * (scale * _LOG2E), fill)
 
 
-def _grad_tile(sc, dp, code, lse, delta, scale, keep, rate, dtype):
+def _grad_tile(sc, dp, code, lse, delta, scale, keep, rate, dtype, qcode=None):
     """(P dropped, dS) of a (queries, key half) tile in `dtype`, as `tiles.grad_tile`: P from the raw scores `sc`,
-    the per-key `code` and the rows' base-2 `lse`; with `keep` (the dropout mask) P and dP scaled by 1/(1 - rate)
-    where kept, 0 elsewhere; dS = P (dP - delta), none at padded keys."""
-    real = code > 0
-    p = jnp.exp2(_masked_scores(sc, code, scale, real) - lse)
+    the per-key `code` (with segments also the query rows' `qcode`) and the rows' base-2 `lse`; with `keep` (the
+    dropout mask) P and dP scaled by 1/(1 - rate) where kept, 0 elsewhere; dS = P (dP - delta), none at masked
+    scores."""
+    kept = allowed(code, qcode)
+    real = kept[0]
+    p = jnp.exp2(_masked_scores(sc, code, scale, kept=kept) - lse)
     pd = p
     if keep is not None:
         inv_keep = 1.0 / (1.0 - rate)
@@ -230,15 +232,18 @@ def programs_for(heads_total: int, interpret: bool) -> int:
 
 
 def backward(q, k, v, code, seed, o, lse, do, *, rate: float, interpret: bool, heads: int | None = None,
-             packed: bool = False, bias=None, bias_grad: bool = False, programs: int | None = None):
+             packed: bool = False, bias=None, bias_grad: bool = False, programs: int | None = None,
+             segments: bool = False):
     """As the Triton `backward.backward` (the one-kernel form): (dq, dk, dv), or with `packed` the packed dQKV (B, S, 3, N, H);
     with `bias_grad` also dbias (3, N, H) fp32. `seed` is the uint32[4] seed words or None (no dropout).
-    `programs`: CTAs of the persistent grid (default `programs_for`).
+    `programs`: CTAs of the persistent grid (default `programs_for`). `segments`: `code` holds packed rows' segment
+    codes (`tiles.mask_code(segments=True)`), read for the query rows too (`tiles.allowed`); the row's one key block
+    is never skipped, so the cost is one compare per score.
 
     Every call goes through one `jax.jit` (`_mgpu.one_module`), so all call sites (the layers of a model) share one
     Mosaic GPU module and compile it once per program (bare calls compile one per call site: ~2.8 s per layer)."""
     return _backward_jit(q, k, v, code, seed, o, lse, do, bias, rate=float(rate), interpret=interpret, heads=heads,
-                         packed=packed, bias_grad=bias_grad, programs=programs)
+                         packed=packed, bias_grad=bias_grad, programs=programs, segments=bool(segments))
 
 
 def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs):
@@ -258,7 +263,8 @@ def _call_setup(q, k, seed, bias, *, rate, interpret, heads, packed, programs):
     return b, s, n, h, heads, drop, n_heads, grid, extras
 
 
-def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, packed, bias_grad, programs):
+def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, packed, bias_grad, programs,
+              segments):
     b, s, n, h, heads, drop, n_heads, grid, extras = _call_setup(q, k, seed, bias, rate=rate, interpret=interpret,
                                                                  heads=heads, packed=packed, programs=programs)
     dtype = q.dtype
@@ -327,11 +333,12 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
                 [(q_s.at[rows], _t(k_s.at[keys[0]]))], [(q_s.at[rows], _t(k_s.at[keys[1]]))],
                 [(do_s.at[rows], _t(v_s.at[keys[0]]))], [(do_s.at[rows], _t(v_s.at[keys[1]]))])
             first = _first_index(words_s.at[w, 2], bi, ni, heads, interpret) if drop else None
+            qcode = _per_row(code_s.at[slot, rows], interpret) if segments else None  # S = T: the same codes
             ds16 = []
             for kh, (sc, dp) in enumerate(((s0, dp0), (s1, dp1))):
                 keep = _keep(seeds, first, cols, kh, rate) if drop else None
                 pd, ds = _grad_tile(sc, dp, _per_col(code_s.at[slot, keys[kh]], interpret), lse, delta, scale, keep,
-                                    rate, dtype)
+                                    rate, dtype, qcode)
                 ds16.append(ds)
                 pds.at[kh, rows][...] = pd  # P (dropped), (key half, query, key)
 
@@ -393,24 +400,25 @@ def _backward(q, k, v, code, seed, o, lse, do, bias, *, rate, interpret, heads, 
     return (grads, dbias) if bias_grad else grads
 
 
-_backward_jit = _mgpu.one_module(_backward, ("rate", "interpret", "heads", "packed", "bias_grad", "programs"))
+_backward_jit = _mgpu.one_module(_backward, ("rate", "interpret", "heads", "packed", "bias_grad", "programs",
+                                            "segments"))
 
 
 # ---------------------------------------------------------------------------------------------------- forward
 
 
 def forward(q, k, v, code, seed, *, rate: float, interpret: bool, heads: int | None = None, packed: bool = False,
-            bias=None, programs: int | None = None):
+            bias=None, programs: int | None = None, segments: bool = False):
     """As the Triton `forward.forward` at S = T = 128, H = 64, bf16: (o (B, S, N, H), lse (B, N, S) fp32, base 2),
     persistent as `backward` (one CTA per SM looping over the heads, the next head's q, k, v loaded while this one
     computes), all call sites through one `jax.jit`. Only in the opt-in `mosaic` implementation: on an H200 it took
     31.0 against 34.1 us of device time (B64 N16, p = 0.1), but timed fwd+bwd chains did not resolve a gain and
-    BERT-large's train step was unchanged (kernels-h200.md, Attention)."""
+    BERT-large's train step was unchanged (kernels-h200.md, Attention). `segments` as in `backward`."""
     return _forward_jit(q, k, v, code, seed, bias, rate=float(rate), interpret=interpret, heads=heads, packed=packed,
-                        programs=programs)
+                        programs=programs, segments=bool(segments))
 
 
-def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, programs):
+def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, programs, segments):
     b, s, n, h, heads, drop, n_heads, grid, extras = _call_setup(q, k, seed, bias, rate=rate, interpret=interpret,
                                                                  heads=heads, packed=packed, programs=programs)
     dtype = q.dtype
@@ -463,10 +471,11 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
 
             s0, s1 = _products(interpret, [(q_s.at[rows], _t(k_s.at[keys[0]]))],
                                [(q_s.at[rows], _t(k_s.at[keys[1]]))])
+            qcode = _per_row(code_s.at[slot, rows], interpret) if segments else None  # S = T: the same codes
             xs = []
             for kh, sc in enumerate((s0, s1)):  # masked base-2 scores, as tiles.scores
                 code = _per_col(code_s.at[slot, keys[kh]], interpret)
-                xs.append(_masked_scores(sc, code, scale))
+                xs.append(_masked_scores(sc, code, scale, qcode))
             m = jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1))
             ps = [jnp.exp2(x - lax.broadcast_in_dim(m, (_HALF, _HALF), [0])) for x in xs]
             l = jnp.sum(ps[0], axis=1) + jnp.sum(ps[1], axis=1)  # the normaliser sums before dropout  # noqa: E741
@@ -505,4 +514,4 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
                         interpret=_mgpu.interpret_params(interpret))(*inputs)
 
 
-_forward_jit = _mgpu.one_module(_forward, ("rate", "interpret", "heads", "packed", "programs"))
+_forward_jit = _mgpu.one_module(_forward, ("rate", "interpret", "heads", "packed", "programs", "segments"))

@@ -182,11 +182,13 @@ def test_segment_mask_isolates_samples():
         flash_attention(q, k[:, :32], v[:, :32], one[:, :32], segments=True)
 
 
-def test_registry_skips_mosaic_for_segments():
+def test_registry_runs_the_mosaic_backward_for_segments_at_s128():
+    # Packed rows at S = 128 run the Mosaic GPU backward as key-mask rows do; the long-row kernels take a key mask only.
     call = impls.Call(64, 128, 128, 16, 64, "bfloat16", 0.1, True, True)
-    choice = registry.choose("attention_qkv", call, Device.named("h200"))
-    assert choice.impl.name == "triton"
-    assert any(name == "mosaic_bwd" and "segment ids" in skip.reason for name, skip in choice.skipped)
+    assert registry.choose("attention_qkv", call, Device.named("h200")).impl.name == "mosaic_bwd"
+    long_rows = impls.Call(16, 512, 512, 16, 64, "bfloat16", 0.1, True, True)
+    with pytest.raises(ValueError, match="impl='mosaic_long'.*segment ids"):
+        registry.choose("attention_qkv", long_rows, Device.named("h200"), impl="mosaic_long")
 
 
 def test_default_backward_kernels():
@@ -216,6 +218,19 @@ def test_mosaic_backward_matches_reference(packed):
     else:
         q, k, v, g = _inputs(jax.random.key(24), 3, 128, 128, 2, 64, jnp.bfloat16)
         _check(q, k, v, _mask([128, 90, 0], 128), g, rate=0.2, seed=5, exact_reference=True, impl="mosaic_bwd")
+
+
+@pytest.mark.slow
+@interpret_mosaic
+@pytest.mark.parametrize("impl", ["mosaic_bwd", "mosaic"])
+def test_mosaic_segments_match_reference(impl):
+    # Packed rows through the S = 128 Mosaic GPU kernels in interpret mode: samples inside each key half and across
+    # the halves, a sample alone, padding queries (which attend every real key), an all-padding row; the folded bias
+    # and its gradient, dropout. Against the fp32 reference.
+    rows = [[40, 30, 50], [128], [7, 60, 1], []]
+    qkv = jax.random.normal(jax.random.key(41), (4, 128, 3, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(42), (4, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    _check_packed(qkv, _segments(rows, 128), g, rate=0.1, impl=impl, bias=_packed_bias(qkv), segments=True)
 
 
 @pytest.mark.slow
@@ -641,16 +656,17 @@ _QBIAS_MISS = pytest.mark.xfail(strict=True, reason="q-bias gradient 2.2% off at
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-@pytest.mark.parametrize(("s", "variant"), [(s, v) for s, v, impl in _GPU_CASES if impl == "triton"])
-def test_segments_compiled_match_reference_on_gpu(s, variant, rate, request):
-    # Packed rows on the GPU: the packed projection with its bias, every Triton backward form at S = 128 and 512.
+@pytest.mark.parametrize(("s", "variant", "impl"), [c for c in _GPU_CASES if c[2] != "mosaic_long"])
+def test_segments_compiled_match_reference_on_gpu(s, variant, impl, rate, request):
+    # Packed rows on the GPU: the packed projection with its bias, every Triton backward form at S = 128 and 512, the
+    # S = 128 Mosaic GPU backward and both Mosaic GPU passes.
     if s == 512 and rate:
         request.applymarker(_QBIAS_MISS)
     rows = [[s // 4, s // 2, s // 8], [s // 4, s // 4, s // 2], [5, s // 3], [s // 2 + 3, 11]]  # tiles skipped in 2
     qkv = jax.random.normal(jax.random.key(39), (4, s, 3, 16, 64), jnp.float32).astype(jnp.bfloat16)
     g = jax.random.normal(jax.random.key(40), (4, s, 16, 64), jnp.float32).astype(jnp.bfloat16)
     _check_packed(qkv, _segments(rows, s), g, rate=rate, interpret=False, bias=_packed_bias(qkv), segments=True,
-                  **_gpu_blocks(s, variant, "triton"))
+                  **_gpu_blocks(s, variant, impl))
 
 
 @pytest.mark.gpu
