@@ -255,7 +255,7 @@ class BertForPreTraining(nnx.Module):
           position_ids: optional (B, S) positions (packed rows: restarting at 0 at each sample's [CLS]); default
             0..S-1 in every row.
           segment_ids: optional (B, S) int sample of each token in a packed row (1..K, 0 at padding): a token attends
-            only to the tokens of its own sample (replaces `attention_mask`).
+            only to the tokens of its own sample, a padding token to the padding (replaces `attention_mask`).
           nsp_positions: optional (B, K) positions of each sample's [CLS] (packed rows): the pooler and NSP head run
             there, giving `nsp_logits` (B, K, 2); default position 0, (B, 2).
         """

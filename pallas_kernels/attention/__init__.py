@@ -125,7 +125,7 @@ def flash_attention(q, k, v, mask, *, seed=None, rate: float = 0.0, interpret: b
                     total_heads: int | None = None, segments: bool = False):
     """Context (B, S, N, H) in q's dtype from q (B, S, N, H), k and v (B, T, N, H) and a key mask (B, T); with
     `segments`, packed rows: `mask` holds int segment ids (B, S) (1, 2, ... per sample, 0 at padding; T = S) and a
-    query attends only the real keys of its own sample (`segment_mask`; a padding query every real key).
+    query attends only the keys of its own sample (`segment_mask`; the padding is a segment of its own).
 
     Same result as `attention(q, k, v, mask, seed=seed, rate=rate)` (the same dropout mask, bit for bit) without
     materialising the scores. `mask` is True (or nonzero) at real keys; `seed` is uint32[2] (see

@@ -177,7 +177,8 @@ def _grad_tile(sc, dp, code, lse, delta, scale, keep, rate, dtype, qcode=None):
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
-    return pd.astype(dtype), jnp.where(real, p * (dp - delta), 0.0).astype(dtype)
+    ds = p * (dp - delta) if qcode is not None else jnp.where(real, p * (dp - delta), 0.0)  # as tiles.grad_tile
+    return pd.astype(dtype), ds.astype(dtype)
 
 
 def _keep(seeds, first, cols, kh, rate):

@@ -7,10 +7,11 @@ from ..softmax.reference import scaled_masked_softmax
 
 def segment_mask(segment_ids):
     """(B, S, S) bool: query s may attend key t, for packed rows' int segment ids (B, S) (1, 2, ... per sample, 0 at
-    padding): t is a real key of s's sample; a padding query attends every real key, as under a key mask, so rows
-    of one sample with segment ids = the key mask give the key mask's attention exactly."""
-    q, k = segment_ids[:, :, None], segment_ids[:, None, :]
-    return (k > 0) & ((q <= 0) | (q == k))
+    padding): t is a key of s's sample. The padding is one more segment (id 0): a padding query attends the padding
+    keys, never a sample's. So every query keeps at least its own key (no row is all masked), the kernels test one
+    equality per score, and a sample's rows get exactly what they get under a key mask; the padding rows, which no
+    loss reads, differ."""
+    return segment_ids[:, :, None] == segment_ids[:, None, :]
 
 
 def attention(q, k, v, mask, *, seed=None, rate: float = 0.0, qkv_layout: str = "BSNH", scores_layout: str = "BNST",

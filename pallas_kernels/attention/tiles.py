@@ -4,7 +4,7 @@ Numerics: scores and softmax in fp32 in base 2 (s2 = q.k * H**-0.5 * log2(e), so
 residual besides the inputs and the output is the fp32 base-2 logsumexp `lse` (B, N, S) of each query row.
 
 Key mask: the (B, T) mask becomes an int32 code per key (`mask_code`): 1 real, 0 padded, -1 a key of an example with
-no real key at all. Padded keys get the reference's score finfo.min, so their probability is exactly 0. The
+no real key at all (packed rows' segment ids are their own code: `allowed`). Padded keys get the reference's score finfo.min, so their probability is exactly 0. The
 reference gives an all-padded example the uniform distribution (softmax of T equal scores); a constant score 0 does
 the same while keeping its logsumexp finite (log2 T) for the backward, where finfo.min + log2 T would round back to
 finfo.min and make every recomputed probability 1 instead of 1/T.
@@ -46,37 +46,36 @@ def shapes(q, k, packed: bool):
 
 def mask_code(mask, segments: bool = False):
     """int32 (B, T): 1 at real keys, 0 at padded keys, -1 at every key of an example without real keys. With
-    `segments`, `mask` holds packed rows' segment ids (B, S) and real keys keep their id (> 0): the kernels then read
-    the code of the query rows too (`allowed`)."""
-    real = mask.astype(bool) if not segments else mask > 0
-    code = mask.astype(jnp.int32) if segments else 1
-    return jnp.where(real, code, jnp.where(jnp.any(real, axis=1, keepdims=True), 0, -1)).astype(jnp.int32)
+    `segments`, `mask` holds packed rows' segment ids (B, S), which are the code as they are (0 at padding, itself a
+    segment): the kernels then read the code of the query rows too (`allowed`)."""
+    if segments:
+        return mask.astype(jnp.int32)
+    real = mask.astype(bool)
+    return jnp.where(real, 1, jnp.where(jnp.any(real, axis=1, keepdims=True), 0, -1)).astype(jnp.int32)
 
 
 def allowed(code, qcode):
     """(allowed, fill) of a tile, broadcast against its scores: which scores are kept and what the others become.
 
     Key mask (`qcode` None): real keys are kept; padded ones get PADDED, every key of an all-padded example 0 (the
-    uniform distribution). Segments (`qcode`: the code of the tile's query rows): a real key is kept for the queries
-    of its own segment and for padding queries (code <= 0, which attend every real key, as under a key mask); the
-    others get PADDED, the keys of an all-padded example 0 as before. `code` and `qcode` come shaped for the tile
-    ((1, keys) and (queries, 1), or transposed for key-major tiles)."""
+    uniform distribution). Segments (`qcode`: the segment ids of the tile's query rows): a key is kept for the
+    queries of its own segment, the padding (id 0) being one (`reference.segment_mask`), the others get PADDED: one
+    compare per score, and every query row keeps its own key, so a masked probability is exactly 0. `code` and
+    `qcode` come shaped for the tile ((1, keys) and (queries, 1), or transposed for key-major tiles)."""
     if qcode is None:
         return code > 0, jnp.where(code == 0, PADDED, 0.0)
-    return (code > 0) & ((qcode <= 0) | (qcode == code)), jnp.where(code < 0, 0.0, PADDED)
+    return qcode == code, PADDED
 
 
 def segment_blocks(code, rows: int, cols: int):
     """Which tiles of packed rows hold any score the softmax keeps (segments): for `code` (B, S) from
     `mask_code(segments=True)` and tiles of `rows` queries x `cols` keys, int32 (B, S/rows, 2) [first, end) key blocks
-    of each query block and (B, S/cols, 2) [first, end) query blocks of each key block (empty for a block of padding
-    keys nobody attends). The tiles outside hold only masked scores (probability exactly 0, no gradient), so the
+    of each query block and (B, S/cols, 2) [first, end) query blocks of each key block (the padding, id 0, is a
+    segment too: its blocks attend each other). The tiles outside hold only masked scores (probability exactly 0, no gradient), so the
     kernels skip them and their results are unchanged: attention then costs about sum(length^2) / S^2 of a full row.
     Per row of any layout of segments (conservative: the span from the first tile to the last)."""
     b, s = code.shape
-    qc, kc = code[:, :, None], code[:, None, :]
-    # allowed as `allowed` (every pair of an all-padded row counts: its probabilities are uniform, not 0)
-    pairs = ((kc > 0) & ((qc <= 0) | (qc == kc))) | (kc < 0)
+    pairs = code[:, :, None] == code[:, None, :]  # kept as `allowed` keeps them
     tiles = jnp.any(pairs.reshape(b, s // rows, rows, s // cols, cols), axis=(2, 4))
 
     def span(t, axis):
@@ -187,8 +186,9 @@ def grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
-    # The reference's `where` passes no gradient to masked keys; only all-padded examples (code -1) have p != 0 there.
-    return pd, jnp.where(real, p * (dp - delta), 0.0)
+    # The reference's `where` passes no gradient to masked keys; only all-padded examples (code -1) have p != 0 there
+    # (with segments no row is all masked, so every masked p is exactly 0 and so is its dS, without the select).
+    return pd, p * (dp - delta) if qcode is not None else jnp.where(real, p * (dp - delta), 0.0)
 
 
 def dk_with_bias(dk, ds_sum, qb_ref):
