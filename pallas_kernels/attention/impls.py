@@ -1,9 +1,9 @@
 """The implementations of attention (q, k, v apart) and attention_qkv (one packed projection), first choice first.
 
 - `mosaic_bwd`: the Triton forward and the Mosaic GPU one-kernel backward (`kernel_mgpu.py`): Hopper or newer,
-  S = T = 128, H = 64, bfloat16, a key mask or packed rows' segment ids. Against Triton's one-kernel backward at B64 N16 S128 it measured 94.3 -> 58.1 us at
-  p = 0 and 103.7 -> 70.5 at p = 0.1, 59.2 in its persistent form (H200; faster on the H100 too: kernels-h200.md and
-  kernels-h100.md, Attention).
+  S = T = 128, H = 64, bfloat16, a key mask or packed rows' segment ids. Against Triton's one-kernel backward at B64
+  N16 S128 it measured 94.3 -> 58.1 us at p = 0 and 103.7 -> 70.5 at p = 0.1, 59.2 in its persistent form (H200;
+  faster on the H100 too: kernels-h200.md and kernels-h100.md, Attention).
 - `triton`: FlashAttention-2 forward and backward (`forward.py`, `backward.py`), any shape the tiles fit.
 - `xla`: the reference (`reference.py`), which materialises the BNST scores.
 - `mosaic` (only when named): both passes in Mosaic GPU; its forward measured no faster in the train step.
@@ -40,14 +40,11 @@ class Call:
     segments: bool = False  # packed sequences: the mask holds segment ids (`reference.segment_mask`)
 
 
-def _untiled(fn, takes_segments: bool = True):
-    """A Mosaic GPU pass in the Triton passes' signature: it takes no tile sizes; `takes_segments` whether it takes
-    packed rows' segment ids."""
+def _untiled(fn):
+    """A Mosaic GPU pass in the Triton passes' signature: it takes no tile sizes; `segments` reaches it only when set
+    (a key-mask-only kernel has no such argument: `Kernels(segments=False)` keeps such calls away)."""
     def run(*args, blocks, segments=False, **kw):
-        if takes_segments:
-            return fn(*args, segments=segments, **kw)
-        assert not segments, "this Mosaic GPU kernel takes a key mask only (Kernels.supports)"
-        return fn(*args, **kw)
+        return fn(*args, **kw, **({"segments": True} if segments else {}))
     return run
 
 
@@ -90,8 +87,7 @@ MOSAIC_BWD = Kernels("mosaic_bwd", _forward.forward, _mosaic_backward, "Triton f
 TRITON = Kernels("triton", _forward.forward, _backward.backward, "FlashAttention-2 in Triton (forward.py, backward.py)")
 MOSAIC = Kernels("mosaic", _mosaic_forward, _mosaic_backward, "both passes in Mosaic GPU (kernel_mgpu.py; only when "
                  "named): Hopper+, S = T = 128, H = 64, bf16", mosaic=kernel_mgpu, tuned_stages=())
-MOSAIC_LONG = Kernels("mosaic_long", _untiled(kernel_mgpu_long.forward, False),
-                      _untiled(kernel_mgpu_long.backward, False),
+MOSAIC_LONG = Kernels("mosaic_long", _untiled(kernel_mgpu_long.forward), _untiled(kernel_mgpu_long.backward),
                       "both passes in Mosaic GPU for long rows (kernel_mgpu_long.py; only when named): Hopper+, "
                       "S = T = 256, 384, ..., H = 64, bf16", mosaic=kernel_mgpu_long, tuned_stages=(), segments=False)
 

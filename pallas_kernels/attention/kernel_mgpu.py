@@ -1,7 +1,7 @@
 """Mosaic GPU (Hopper+) flash attention for S = T = 128 and head width 64: a one-kernel backward with the same
 contract as the Triton `backward.backward` (the key mask or packed rows' segment ids, dropout, packed q/k/v, the
-folded Q/K/V bias and its gradient; the `mosaic_bwd` implementation, the default where it runs), and a forward with `forward.forward`'s (the
-opt-in `mosaic` implementation: measured no faster than Triton's), persistent alike.
+folded Q/K/V bias and its gradient; the `mosaic_bwd` implementation, the default where it runs), and a forward with
+`forward.forward`'s (the opt-in `mosaic` implementation: measured no faster than Triton's), persistent alike.
 
 Why: at S = 128 the Triton one-kernel backward multiplies 32 x 128 x 64 tiles with synchronous mma instructions at
 ~100 TFLOP/s and is latency-bound (~95 us at B64 N16); here the products are Hopper's asynchronous wgmma on 64-row
@@ -43,7 +43,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from .. import _mgpu
 from ..dropout import keep_mask_lanes
-from .tiles import allowed, shapes
+from .tiles import allowed, masked_ds, shapes
 
 __all__ = ["backward", "check_shape", "forward", "programs_for", "shape_ok"]
 
@@ -156,11 +156,11 @@ def _first_index(rowbase_ref, bi, ni, heads: int, interpret):
     return _per_row(rowbase_ref, interpret) + (bi * heads + ni).astype(jnp.uint32) * jnp.uint32(_SEQ * _SEQ)
 
 
-def _masked_scores(sc, code, scale, qcode=None, kept=None):
-    """Base-2 scores of a (queries, key half) tile, as `tiles.scores`: the kept scores (`tiles.allowed` of the
-    per-key `code` and, with segments, the query rows' `qcode`; or `kept` = (keep, fill) where the caller has it)
-    scaled, the others at their fill (finfo.min, or 0 for every key of an example without real keys)."""
-    keep, fill = allowed(code, qcode) if kept is None else kept
+def _masked_scores(sc, kept, scale):
+    """Base-2 scores of a (queries, key half) tile, as `tiles.scores`: with `kept` = `tiles.allowed(code, qcode)`
+    (the per-key code and, with segments, the query rows'), the kept scores scaled, the others at their fill
+    (finfo.min, or 0 for every key of an example without real keys)."""
+    keep, fill = kept
     return jnp.where(keep, sc * (scale * _LOG2E), fill)
 
 
@@ -170,15 +170,13 @@ def _grad_tile(sc, dp, code, lse, delta, scale, keep, rate, dtype, qcode=None):
     dropout mask) P and dP scaled by 1/(1 - rate) where kept, 0 elsewhere; dS = P (dP - delta), none at masked
     scores."""
     kept = allowed(code, qcode)
-    real = kept[0]
-    p = jnp.exp2(_masked_scores(sc, code, scale, kept=kept) - lse)
+    p = jnp.exp2(_masked_scores(sc, kept, scale) - lse)
     pd = p
     if keep is not None:
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
-    ds = p * (dp - delta) if qcode is not None else jnp.where(real, p * (dp - delta), 0.0)  # as tiles.grad_tile
-    return pd.astype(dtype), ds.astype(dtype)
+    return pd.astype(dtype), masked_ds(p, dp, delta, kept[0], qcode is not None).astype(dtype)
 
 
 def _keep(seeds, first, cols, kh, rate):
@@ -476,7 +474,7 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
             xs = []
             for kh, sc in enumerate((s0, s1)):  # masked base-2 scores, as tiles.scores
                 code = _per_col(code_s.at[slot, keys[kh]], interpret)
-                xs.append(_masked_scores(sc, code, scale, qcode))
+                xs.append(_masked_scores(sc, allowed(code, qcode), scale))
             m = jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1))
             ps = [jnp.exp2(x - lax.broadcast_in_dim(m, (_HALF, _HALF), [0])) for x in xs]
             l = jnp.sum(ps[0], axis=1) + jnp.sum(ps[1], axis=1)  # the normaliser sums before dropout  # noqa: E741

@@ -45,7 +45,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from .. import _mgpu
 from .kernel_mgpu import (_HALF, _TILES, _WIDTH, _grad_tile, _iota_cols, _keep, _masked_scores, _ones, _per_col,
                           _per_row, _products, _sync_warpgroups, _t, programs_for)
-from .tiles import shapes
+from .tiles import allowed, shapes
 
 __all__ = ["backward", "check_shape", "forward", "key_blocks", "shape_ok"]
 
@@ -217,7 +217,7 @@ def _forward(q, k, v, code, seed, bias, *, rate, interpret, heads, packed, progr
                 plgpu.barrier_wait(kv_bars.at[stage])
                 k_s, v_s = kv_s.at[stage, 0], kv_s.at[stage, 1]
                 s0, s1 = _products(interpret, [(q_tile, _t(k_s.at[halves[0]]))], [(q_tile, _t(k_s.at[halves[1]]))])
-                xs = [_masked_scores(sc, _per_col(code_s.at[stage, halves[kh]], interpret), scale)
+                xs = [_masked_scores(sc, allowed(_per_col(code_s.at[stage, halves[kh]], interpret), None), scale)
                       for kh, sc in enumerate((s0, s1))]
                 m_new = jnp.maximum(m, jnp.maximum(jnp.max(xs[0], axis=1), jnp.max(xs[1], axis=1)))
                 alpha = jnp.exp2(m - m_new)  # rescales the old sums; 0 on the first step (m = -inf)

@@ -4,10 +4,11 @@ Numerics: scores and softmax in fp32 in base 2 (s2 = q.k * H**-0.5 * log2(e), so
 residual besides the inputs and the output is the fp32 base-2 logsumexp `lse` (B, N, S) of each query row.
 
 Key mask: the (B, T) mask becomes an int32 code per key (`mask_code`): 1 real, 0 padded, -1 a key of an example with
-no real key at all (packed rows' segment ids are their own code: `allowed`). Padded keys get the reference's score finfo.min, so their probability is exactly 0. The
-reference gives an all-padded example the uniform distribution (softmax of T equal scores); a constant score 0 does
-the same while keeping its logsumexp finite (log2 T) for the backward, where finfo.min + log2 T would round back to
-finfo.min and make every recomputed probability 1 instead of 1/T.
+no real key at all (packed rows' segment ids are their own code: `allowed`). Padded keys get the reference's score
+finfo.min, so their probability is exactly 0. The reference gives an all-padded example the uniform distribution
+(softmax of T equal scores); a constant score 0 does the same while keeping its logsumexp finite (log2 T) for the
+backward, where finfo.min + log2 T would round back to finfo.min and make every recomputed probability 1 instead of
+1/T.
 
 Dropout: probability element (b, n, s, t) is kept iff `pallas_kernels.dropout.keep_mask` keeps index
 ((b*N + n)*S + s)*T + t of the reference's BNST tensor (one hash per two neighbouring keys, `keep_mask_tile`), so the
@@ -71,9 +72,9 @@ def segment_blocks(code, rows: int, cols: int):
     """Which tiles of packed rows hold any score the softmax keeps (segments): for `code` (B, S) from
     `mask_code(segments=True)` and tiles of `rows` queries x `cols` keys, int32 (B, S/rows, 2) [first, end) key blocks
     of each query block and (B, S/cols, 2) [first, end) query blocks of each key block (the padding, id 0, is a
-    segment too: its blocks attend each other). The tiles outside hold only masked scores (probability exactly 0, no gradient), so the
-    kernels skip them and their results are unchanged: attention then costs about sum(length^2) / S^2 of a full row.
-    Per row of any layout of segments (conservative: the span from the first tile to the last)."""
+    segment too: its blocks attend each other). The tiles outside hold only masked scores (probability exactly 0, no
+    gradient), so the kernels skip them and their results are unchanged: attention then costs about sum(length^2) /
+    S^2 of a full row. Per row of any layout of segments (conservative: the span from the first tile to the last)."""
     b, s = code.shape
     pairs = code[:, :, None] == code[:, None, :]  # kept as `allowed` keeps them
     tiles = jnp.any(pairs.reshape(b, s // rows, rows, s // cols, cols), axis=(2, 4))
@@ -99,6 +100,14 @@ def span_spec(segments: bool, block_index):
     """BlockSpec of one block's span in a `segment_blocks` array, grid (i, b, n) and `block_index(i)`; None without
     segments."""
     return pl.BlockSpec((None, None, 2), lambda i, b_, n_: (b_, block_index(i), 0)) if segments else None
+
+
+def masked_ds(p, dp, delta, kept, segments: bool):
+    """dS = P (dP - delta) of a tile, none at masked scores (`kept`, from `allowed`). The reference's `where` passes
+    no gradient to masked keys; only all-padded examples (code -1) have p != 0 there, so with segments, where no row is
+    all masked and every masked p is exactly 0, its dS is 0 without the select."""
+    ds = p * (dp - delta)
+    return ds if segments else jnp.where(kept, ds, 0.0)
 
 
 def biased(x, bias_ref):
@@ -186,9 +195,7 @@ def grad_tile(q, k, v, do, code, lse, delta, keep, *, qk_scale, rate, key_major=
         inv_keep = 1.0 / (1.0 - rate)
         pd = jnp.where(keep, p * inv_keep, 0.0)
         dp = jnp.where(keep, dp * inv_keep, 0.0)
-    # The reference's `where` passes no gradient to masked keys; only all-padded examples (code -1) have p != 0 there
-    # (with segments no row is all masked, so every masked p is exactly 0 and so is its dS, without the select).
-    return pd, p * (dp - delta) if qcode is not None else jnp.where(real, p * (dp - delta), 0.0)
+    return pd, masked_ds(p, dp, delta, real, qcode is not None)
 
 
 def dk_with_bias(dk, ds_sum, qb_ref):
