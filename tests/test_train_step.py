@@ -153,3 +153,24 @@ def test_initial_state_in_its_shardings_equals_the_placed_one(mesh):
                               np.asarray(Steps(build_model(CFG, 6, abstract=True), make_optimizer(tc), tc,
                                                mesh).initial_state(6).params["pooler"]["kernel"]))
 
+
+
+def test_per_layer_norm_and_clip_equal_optax():
+    """The norm summed one layer at a time is optax's global norm, and the clip built on it clips as optax's does
+    (same empty state), on a tree of stacked (L, ...) weights, matrices and vectors."""
+    import optax
+
+    from jaxformer.steps import clip_by_global_norm, global_norm, norms_per_layer
+    keys = jax.random.split(jax.random.key(7), 4)
+    tree = {"stacked": jax.random.normal(keys[0], (5, 8, 3, 4)), "qkv": jax.random.normal(keys[1], (5, 6, 3, 2, 4)),
+            "matrix": jax.random.normal(keys[2], (9, 7)), "bias": 3.0 * jax.random.normal(keys[3], (11,))}
+    want = optax.tree.norm(tree)
+    for per_layer in (False, True):
+        np.testing.assert_allclose(global_norm(tree, per_layer=per_layer), want, rtol=1e-6)
+        for max_norm in (0.5 * float(want), 2.0 * float(want)):
+            ours, theirs = clip_by_global_norm(max_norm, per_layer=per_layer), optax.clip_by_global_norm(max_norm)
+            assert ours.init(tree) == theirs.init(tree)
+            got, _ = ours.update(tree, ours.init(tree))
+            ref, _ = theirs.update(tree, theirs.init(tree))
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, ref)
+    assert norms_per_layer(TC) and not norms_per_layer(dataclasses.replace(TC, mesh="data=2,pipeline=2"))
