@@ -1,21 +1,25 @@
 """Pallas (Triton) kernels of the embedding block: `y = dropout(LN(word[ids] + position[s] + token_type[tt]))` over rows
-of width D, and its backward; the table gathers happen inside the kernels (pointer loads at the ids' rows).
+of width D (packed rows: position[position_ids[b, s]]), and its backward; the table gathers happen inside the kernels
+(pointer loads at the ids' rows).
 
 Forward: each program takes `tiles_per_program` tiles of `block_rows` consecutive rows (row r = b·S + s of the shard,
-the next tile's word rows fetched while this one computes), loads their word, position
-(row s = r mod S) and token-type rows from the tables, sums them in float32, normalises, applies the dropout mask
-(`pallas_kernels.dropout`, drawn from the element index), and writes y and the float32 row statistics (mean, rstd).
+the next tile's word rows fetched while this one computes), loads their word, position (row s = r mod S; with
+position ids, the row's id, gathered and fetched ahead with the word rows) and token-type rows from the tables, sums
+them in float32, normalises, applies the dropout mask (`pallas_kernels.dropout`, drawn from the element index), and
+writes y and the float32 row statistics (mean, rstd).
 Backward: program (s, k) takes position s of the batch rows k·`bwd_batch_per_program`.. in chunks of `bwd_block_rows`
 (rows b·S + s), recomputes h from the tables and the stored statistics, regenerates the mask, and writes the float32
 gradient of h (the gathered rows' gradient, which the caller scatter-adds into the word table: XLA's scatter), with
 float32 partial sums per program of the LN scale/shift gradients, of the position row's gradient (all its rows are
 this program's) and of each token type's rows: partial row g = s·programs_per_position + k of each, summed by the
-caller.
+caller. With position ids a program's rows hold different positions: it gathers them by id and writes no position
+partials, and the caller scatter-adds dh by position id into the position table's gradient (as the word table's).
 
 Bytes (R rows, D wide, float32 tables, 2-byte y): forward reads the gathered word rows (4RD) and writes y (2RD); the
-position and token-type rows are S·D and T·D, read from L2. Backward reads dy (2RD) and the word rows again (4RD) and
-writes dh (4RD). Ids outside [-V, V) (and type ids outside [-T, T)) give NaN rows, negative ones count from the end:
-`jnp.take`'s "fill" semantics, as the reference gathers.
+position and token-type rows are S·D (P·D with position ids) and T·D, read from L2. Backward reads dy (2RD) and the
+word rows again (4RD) and writes dh (4RD). Ids outside [-V, V) (type ids outside [-T, T), position ids outside
+[-P, P) of a (P, D) table) give NaN rows, negative ones count from the end: `jnp.take`'s "fill" semantics, as the
+reference gathers.
 """
 
 from __future__ import annotations
@@ -91,11 +95,13 @@ def _pick(values, lanes, i):
     return jnp.sum(jnp.where(lanes[None, :] == i[:, None], values[None, :], jnp.zeros_like(values)[None, :]), axis=1)
 
 
-def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_ref, seed_ref, y_ref, mean_ref,
-                rstd_ref, *, rows, width, seq, rate, eps, block_rows, tiles):
+def _fwd_kernel(ids_ref, tt_ref, pid_ref, word_ref, pos_ref, type_ref, scale_ref, shift_ref, seed_ref, y_ref,
+                mean_ref, rstd_ref, *, rows, width, seq, rate, eps, block_rows, tiles):
     """Program i normalises `tiles` consecutive tiles of `block_rows` rows. With more than one, the program's ids are
     loaded once before its loop and the next tile's word rows are fetched while this tile computes (a loop carry), so
-    their DRAM latency overlaps the arithmetic; with one, a plain tile."""
+    their DRAM latency overlaps the arithmetic; with one, a plain tile. `pid_ref`: the rows' position ids, whose
+    position rows are gathered (and fetched ahead) with the word rows; None (no such operand): row r adds position
+    row r mod S."""
     wp = y_ref.shape[-1]
     c = jnp.arange(wp, dtype=jnp.int32)
     scale = pk.load(scale_ref, c < width, 0.0).astype(jnp.float32)
@@ -105,6 +111,8 @@ def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_r
     r_all = first + lanes
     ok_all = (r_all < rows) & (lanes < tiles * block_rows)
     ids_all, tt_all = (pltriton.load(ref.at[r_all], mask=ok_all, other=0) for ref in (ids_ref, tt_ref))
+    if pid_ref is not None:
+        pid_all = pltriton.load(pid_ref.at[r_all], mask=ok_all, other=0)
 
     def rows_of(j):  # the tile's lanes of the program's rows, its rows, which of them exist, and the tile's mask
         i = j * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
@@ -112,17 +120,24 @@ def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_r
         row_ok = (r < rows) & (i < tiles * block_rows)
         return i, r, row_ok, row_ok[:, None] & (c < width)[None, :]
 
-    def fetch(j):  # the tile's gathered word rows
+    def fetch(j):  # the tile's gathered word rows (and, with position ids, its gathered position rows)
         i, _, _, m = rows_of(j)
-        return _table_rows(word_ref, _pick(ids_all, lanes, i), word_ref.shape[0], c, m)
+        word = _table_rows(word_ref, _pick(ids_all, lanes, i), word_ref.shape[0], c, m)
+        if pid_ref is None:
+            return word
+        return word, _table_rows(pos_ref, _pick(pid_all, lanes, i), pos_ref.shape[0], c, m)
 
-    def tile(j, word):  # `word`: this tile's rows, fetched in the step before (with one tile, fetched here)
+    def tile(j, fetched):  # `fetched`: this tile's rows, fetched in the step before (with one tile, fetched here)
         if tiles > 1:
             nxt = fetch(jnp.minimum(j + 1, tiles - 1))
         else:
-            word, nxt = fetch(j), ()
+            fetched, nxt = fetch(j), ()
         i, r, row_ok, m = rows_of(j)
-        pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        if pid_ref is None:
+            word = fetched
+            pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        else:
+            word, pos = fetched
         tt = _pick(tt_all, lanes, i)
         h = word + pos + _table_rows(type_ref, tt, type_ref.shape[0], c, m)  # the reference's order
         h = jnp.where(m, h, 0.0)
@@ -143,9 +158,12 @@ def _fwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, shift_r
         jax.lax.fori_loop(0, tiles, tile, fetch(0))
 
 
-def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_ref, mean_ref, rstd_ref, dy_ref,
-                dh_ref, dscale_ref, dshift_ref, dpos_ref, dtype_ref, *, batch, width, seq, rate, block_rows,
+def _bwd_kernel(ids_ref, tt_ref, pid_ref, word_ref, pos_ref, type_ref, scale_ref, seed_ref, mean_ref, rstd_ref,
+                dy_ref, dh_ref, dscale_ref, dshift_ref, dpos_ref, dtype_ref, *, batch, width, seq, rate, block_rows,
                 batch_per_program, prefetch):
+    """Program (s, k): position s of its batch rows. With position ids (`pid_ref`) the position rows are gathered by
+    id and there is no `dpos_ref` (None): a program's rows then hold different positions, so the caller scatter-adds
+    dh by position id instead; without (`pid_ref` None) every row adds position row s."""
     wp = dh_ref.shape[-1]
     s, k = pl.program_id(0), pl.program_id(1)
     n_types = type_ref.shape[0]
@@ -160,6 +178,9 @@ def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_re
     ok_all = (b_all < batch) & (lanes < batch_per_program)
     r_all = b_all * seq + s
     ids_all, tt_all = (pltriton.load(ref.at[r_all], mask=ok_all, other=0) for ref in (ids_ref, tt_ref))
+    if pid_ref is not None:
+        pid_all = pltriton.load(pid_ref.at[r_all], mask=ok_all, other=0)
+    n_pos = 1 if pid_ref is None else 0  # position s's partial sum (unpacked rows only)
     mean_all, rstd_all = (pltriton.load(ref.at[r_all], mask=ok_all, other=0.0) for ref in (mean_ref, rstd_ref))
 
     def rows_of(j):  # the chunk's lanes of the program's rows, their rows r, and masks
@@ -181,7 +202,10 @@ def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_re
             word, dy = fetch(j)
         i, r, m = rows_of(j)
         tt = _pick(tt_all, lanes, i)
-        pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        if pid_ref is None:
+            pos = pltriton.load(pos_ref.at[(r % seq)[:, None], c[None, :]], mask=m, other=0.0).astype(jnp.float32)
+        else:  # the position table is small (L2's), as in the unpacked case: gathered here, not fetched ahead
+            pos = _table_rows(pos_ref, _pick(pid_all, lanes, i), pos_ref.shape[0], c, m)
         h = word + pos + _table_rows(type_ref, tt, n_types, c, m)  # the reference's order
         mean, rstd = _pick(mean_all, lanes, i), _pick(rstd_all, lanes, i)
         xhat = jnp.where(m, (h - mean[:, None]) * rstd[:, None], 0.0)
@@ -193,18 +217,19 @@ def _bwd_kernel(ids_ref, tt_ref, word_ref, pos_ref, type_ref, scale_ref, seed_re
         c2 = jnp.sum(dyg * xhat, axis=1) / width
         dh = jnp.where(m, (dyg - c1[:, None] - xhat * c2[:, None]) * rstd[:, None], 0.0)
         pk.store(dh_ref.at[r[:, None], c[None, :]], dh, m)
-        dscale, dshift, dpos, *dtypes = sums
+        dscale, dshift, *rest = sums
+        dpos, dtypes = rest[:n_pos], rest[n_pos:]
         dtypes = [acc + jnp.sum(jnp.where((tt == t)[:, None], dh, 0.0), axis=0) for t, acc in enumerate(dtypes)]
-        return (dscale + jnp.sum(dy * xhat, axis=0), dshift + jnp.sum(dy, axis=0), dpos + jnp.sum(dh, axis=0),
-                *dtypes), fetched
+        return (dscale + jnp.sum(dy * xhat, axis=0), dshift + jnp.sum(dy, axis=0),
+                *(acc + jnp.sum(dh, axis=0) for acc in dpos), *dtypes), fetched
 
     steps = pl.cdiv(batch_per_program, block_rows)
     zero = jnp.zeros((wp,), jnp.float32)
-    sums, _ = jax.lax.fori_loop(0, steps, chunk, ((zero,) * (3 + n_types), fetch(0) if prefetch else ()))
-    for ref, total in zip((dscale_ref, dshift_ref, dpos_ref), sums):
+    sums, _ = jax.lax.fori_loop(0, steps, chunk, ((zero,) * (2 + n_pos + n_types), fetch(0) if prefetch else ()))
+    for ref, total in zip((dscale_ref, dshift_ref, dpos_ref)[:2 + n_pos], sums):
         pk.store(ref, total[None, :], col_ok[None, :])
     for t in range(n_types):
-        pk.store(dtype_ref.at[pl.ds(t, 1)], sums[3 + t][None, None, :], col_ok[None, None, :])
+        pk.store(dtype_ref.at[pl.ds(t, 1)], sums[2 + n_pos + t][None, None, :], col_ok[None, None, :])
 
 
 def _whole(shape):
@@ -212,13 +237,25 @@ def _whole(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-def _id_table_specs(rows: int, wp: int, *tables):
-    """The specs both kernels take first: the (R,) ids and type ids, then each (n, D) table whole (D padded to wp)."""
-    return [_whole((rows,))] * 2 + [_whole((t.shape[0], wp)) for t in tables]
+def _id_table_specs(rows: int, wp: int, n_ids: int, *tables):
+    """The specs both kernels take first: the `n_ids` (R,) id arrays (ids, type ids and, for packed rows, position
+    ids), then each (n, D) table whole (D padded to wp)."""
+    return [_whole((rows,))] * n_ids + [_whole((t.shape[0], wp)) for t in tables]
 
 
-def check_shapes(ids, word, position, token_type):
-    """ValueError (before any compile) naming the operand whose shape or dtype the kernels do not take."""
+def _absent(kernel, *at: int):
+    """`kernel` given None for its refs at positions `at` (ascending): the operands or outputs a variant lacks."""
+    def body(*refs):
+        refs = list(refs)
+        for i in at:
+            refs.insert(i, None)
+        return kernel(*refs)
+    return body
+
+
+def check_shapes(ids, word, position, token_type, position_ids=None):
+    """ValueError (before any compile) naming the operand whose shape or dtype the kernels do not take. Without
+    `position_ids` the position table is the S rows of positions 0..S-1; with them, any table they index."""
     if ids.ndim != 2:
         raise ValueError(f"input_ids.shape={ids.shape} must be (B, S)")
     if not jnp.issubdtype(ids.dtype, jnp.integer):
@@ -227,24 +264,40 @@ def check_shapes(ids, word, position, token_type):
     for name, t in (("word", word), ("position", position), ("token_type", token_type)):
         if t.ndim != 2 or t.shape[-1] != d:
             raise ValueError(f"{name}.shape={t.shape} must be (n, {d}) like word.shape={word.shape}")
-    if position.shape[0] != ids.shape[1]:
+    if position_ids is not None:
+        if position_ids.shape != ids.shape:
+            raise ValueError(f"position_ids.shape={position_ids.shape} must be input_ids.shape={ids.shape}")
+        if not jnp.issubdtype(position_ids.dtype, jnp.integer):
+            raise ValueError(f"position_ids.dtype={position_ids.dtype} must be an integer type")
+        if position.shape[0] < 1:
+            raise ValueError(f"position.shape={position.shape} must have a row for position_ids to index")
+    elif position.shape[0] != ids.shape[1]:
         raise ValueError(f"position.shape={position.shape} must have S = {ids.shape[1]} rows (input_ids.shape="
                          f"{ids.shape}): the positions' rows of this sequence length")
 
 
+def _id_arrays(rows: int, ids, types, position_ids):
+    """The id operands, flat: ids, type ids and (packed rows) position ids."""
+    return tuple(a.reshape(rows) for a in (ids, types, position_ids) if a is not None)
+
+
 def forward(ids, types, word, position, token_type, scale, shift, seed_words, *, rate, eps, out_dtype, interpret,
-            blocks: Blocks):
+            blocks: Blocks, position_ids=None):
     """ids, types: (B, S) int32; word (V, D), position (S, D), token_type (T, D); scale, shift (D,); seed_words
-    uint32[4] (row offset in rows). Returns y (B·S, D) in out_dtype, mean (B·S,), rstd (B·S,)."""
-    check_shapes(ids, word, position, token_type)
+    uint32[4] (row offset in rows). With `position_ids` (B, S) int32, `position` is the whole (P, D) table and row
+    (b, s) adds position[position_ids[b, s]]. Returns y (B·S, D) in out_dtype, mean (B·S,), rstd (B·S,)."""
+    check_shapes(ids, word, position, token_type, position_ids)
     (batch, seq), width = ids.shape, word.shape[1]
     rows, wp, br = batch * seq, pk.next_pow2(width), blocks.block_rows
     tiles = max(1, min(blocks.tiles_per_program, pl.cdiv(rows, br)))
-    ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, shift, seed_words)
-    specs = _id_table_specs(rows, wp, word, position, token_type) + [_whole((wp,))] * 2 + [_whole((4,))]
+    id_arrays = _id_arrays(rows, ids, types, position_ids)
+    ins = (*id_arrays, word, position, token_type, scale, shift, seed_words)
+    specs = _id_table_specs(rows, wp, len(id_arrays), word, position, token_type)
+    specs += [_whole((wp,))] * 2 + [_whole((4,))]
+    body = functools.partial(_fwd_kernel, rows=rows, width=width, seq=seq, rate=rate, eps=eps, block_rows=br,
+                             tiles=tiles)
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, rows=rows, width=width, seq=seq, rate=rate, eps=eps, block_rows=br,
-                          tiles=tiles),
+        body if position_ids is not None else _absent(body, 2),  # no position ids: no pid_ref
         out_shape=(jax.ShapeDtypeStruct((rows, width), out_dtype),
                    jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.float32)),
         grid=(pl.cdiv(rows, br * tiles),),
@@ -267,32 +320,41 @@ def programs_per_position(batch: int, blocks: Blocks) -> int:
 
 
 def backward(ids, types, word, position, token_type, scale, seed_words, mean, rstd, dy, *, rate, interpret,
-             blocks: Blocks):
+             blocks: Blocks, position_ids=None):
     """dy (B·S, D). Returns dh (B·S, D) float32 (the gathered rows' gradient) and float32 partial sums, G = S x
     `programs_per_position` rows each, row s·programs_per_position + k: d_scale (G, D), d_shift (G, D), d_position
-    (G, D) (row s's partials are position s's), d_token_type (T, G, D)."""
+    (G, D) (row s's partials are position s's), d_token_type (T, G, D). With `position_ids` (`forward`'s) d_position
+    is None: the position table's gradient is dh scatter-added by position id (the caller's)."""
     (batch, seq), width = ids.shape, word.shape[1]
     rows, wp = batch * seq, pk.next_pow2(width)
     n_types = token_type.shape[0]
     bpp = _batch_per_program(batch, blocks)
     per_pos = programs_per_position(batch, blocks)
     groups = seq * per_pos
-    ins = (ids.reshape(rows), types.reshape(rows), word, position, token_type, scale, seed_words, mean, rstd, dy)
-    specs = _id_table_specs(rows, wp, word, position, token_type)
+    packed = position_ids is not None
+    id_arrays = _id_arrays(rows, ids, types, position_ids)
+    ins = (*id_arrays, word, position, token_type, scale, seed_words, mean, rstd, dy)
+    specs = _id_table_specs(rows, wp, len(id_arrays), word, position, token_type)
     specs += [_whole((wp,)), _whole((4,)), _whole((rows,)), _whole((rows,)), _whole((rows, wp))]
     part = jax.ShapeDtypeStruct((groups, width), jnp.float32)
     part_spec = pl.BlockSpec((1, wp), lambda s, k: (s * per_pos + k, 0))
-    return pl.pallas_call(
-        functools.partial(_bwd_kernel, batch=batch, width=width, seq=seq, rate=rate,
-                          block_rows=min(blocks.bwd_block_rows, pk.next_pow2(bpp)), batch_per_program=bpp,
-                          prefetch=blocks.bwd_prefetch),
-        out_shape=(jax.ShapeDtypeStruct((rows, width), jnp.float32), part, part, part,
+    n_parts = 2 if packed else 3  # d_scale, d_shift and (unpacked rows) d_position
+    body = functools.partial(_bwd_kernel, batch=batch, width=width, seq=seq, rate=rate,
+                             block_rows=min(blocks.bwd_block_rows, pk.next_pow2(bpp)), batch_per_program=bpp,
+                             prefetch=blocks.bwd_prefetch)
+    out = pl.pallas_call(
+        _absent(body, 14) if packed else _absent(body, 2),  # packed: no dpos_ref (ref 14); else no pid_ref (ref 2)
+        out_shape=(jax.ShapeDtypeStruct((rows, width), jnp.float32), *(part,) * n_parts,
                    jax.ShapeDtypeStruct((n_types, groups, width), jnp.float32)),
         grid=(seq, per_pos),
         in_specs=specs,
-        out_specs=[_whole((rows, wp)), part_spec, part_spec, part_spec,
+        out_specs=[_whole((rows, wp)), *(part_spec,) * n_parts,
                    pl.BlockSpec((n_types, 1, wp), lambda s, k: (0, s * per_pos + k, 0))],
         compiler_params=pk.compiler_params(blocks.bwd_num_warps, blocks.bwd_num_stages),
         interpret=interpret,
         name="embedding_ln_bwd",
     )(*ins)
+    if packed:
+        dh, dscale, dshift, dtypes = out
+        return dh, dscale, dshift, None, dtypes
+    return out
