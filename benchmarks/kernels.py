@@ -368,18 +368,25 @@ def cases(ops, dtype, scale=1, peers=False, device=None, mlm_table=MLM_VOCAB, ml
             types = jnp.broadcast_to((jnp.arange(s_) >= s_ // 2).astype(jnp.int32), (b, s_))
             x = jnp.zeros((b, s_, d), dtype)
 
-            def emb(impl, blocks, ids=ids, types=types):
-                def run(x, word, pos, typ, ln_scale, shift):
-                    ids_ = ids + (x[:, :, 0] > 1e4).astype(ids.dtype)
-                    return embedding.embedding_layernorm(ids_, types, word, pos, typ, ln_scale, shift, seed=seed,
-                                                         rate=0.1, eps=1e-12, dtype=dtype, impl=impl, blocks=blocks)
-                return run
-            call = embedding.Call(b * s_, d, name, 0.1)
-            rows = b * s_ * d
-            out.append(Case("embedding", f"large B{b} S{s_} p=0.1",
-                            _registry_impls("embedding_layernorm", call, emb, device),
-                            (x, word, pos[:s_], typ, ln_scale, shift), 6, rows * (4 + 2),
-                            rows * (4 + 2 + 2 + 4 + 4) + v * d * 4, "embedding_layernorm", call))
+            # packed rows: two samples a row, positions restarting at a random split (the whole table passed)
+            split = jax.random.randint(key[6], (b, 1), s_ // 4, 3 * s_ // 4)
+            col = jnp.arange(s_)[None, :]
+            for packed in (False, True):
+                position_ids = jnp.where(col < split, col, col - split) if packed else None
+
+                def emb(impl, blocks, ids=ids, types=types, position_ids=position_ids):
+                    def run(x, word, pos, typ, ln_scale, shift):
+                        ids_ = ids + (x[:, :, 0] > 1e4).astype(ids.dtype)
+                        return embedding.embedding_layernorm(ids_, types, word, pos, typ, ln_scale, shift, seed=seed,
+                                                             rate=0.1, eps=1e-12, dtype=dtype, impl=impl,
+                                                             blocks=blocks, position_ids=position_ids)
+                    return run
+                call = embedding.Call(b * s_, d, name, 0.1, positions=packed)
+                rows = b * s_ * d
+                out.append(Case("embedding", f"large B{b} S{s_} p=0.1" + (" packed" if packed else ""),
+                                _registry_impls("embedding_layernorm", call, emb, device),
+                                (x, word, pos if packed else pos[:s_], typ, ln_scale, shift), 6, rows * (4 + 2),
+                                rows * (4 + 2 + 2 + 4 + 4) + v * d * 4, "embedding_layernorm", call))
     if "layer" in ops:
         from flax import nnx
 
