@@ -68,6 +68,37 @@ def op_times(xplane_path: str, module: str, by: str = "hlo_op") -> tuple[dict[st
     return {k: v / len(per_plane) for k, v in total.items()}, source
 
 
+def busy_ns(intervals) -> tuple[int, int, int]:
+    """(span, busy, gaps) of (start, end) intervals in ns: from the first start to the last end, the length of their
+    union, and how many stretches of nothing running lie between (overlapping kernels of several streams count
+    once)."""
+    ivs = sorted(intervals)
+    if not ivs:
+        return 0, 0, 0
+    busy = gaps = 0
+    lo, hi = ivs[0]
+    for s, e in ivs[1:]:
+        if s > hi:
+            busy, gaps, lo, hi = busy + hi - lo, gaps + 1, s, e
+        else:
+            hi = max(hi, e)
+    return max(e for _, e in ivs) - ivs[0][0], busy + hi - lo, gaps
+
+
+def device_busy(xplane_path: str) -> tuple[float, float, float] | None:
+    """(span, busy, gaps) per device (`busy_ns` of every event on the GPU planes' stream lines, averaged over the
+    GPUs) of one XSpace file; None without GPU planes (on a CPU)."""
+    from jax.profiler import ProfileData
+
+    per = []
+    for plane in ProfileData.from_file(xplane_path).planes:
+        if plane.name.startswith("/device:GPU"):
+            per.append(busy_ns([(e.start_ns, e.start_ns + e.duration_ns) for ln in plane.lines
+                                if ln.name.startswith("Stream") for e in ln.events]))
+    per = [p for p in per if p[0]]
+    return tuple(sum(p[i] for p in per) / len(per) for i in range(3)) if per else None
+
+
 def profile_compiled(compiled: Callable, args: tuple, steps: int, *, warmup: int = 2,
                      carry: Callable | None = None, log=print, by: str = "hlo_op") -> dict[str, float]:
     """Run `compiled(*args)` `warmup` + `steps` times, the last `steps` under the profiler; `carry(out, args)` gives

@@ -249,6 +249,26 @@ def test_profile_joins_a_real_trace():
     assert both and all(": " in k for k in both) and {k.split(": ")[0] for k in both} <= set(times)
 
 
+def test_busy_time_is_the_union_of_kernel_intervals():
+    """busy_ns against a brute-force count of covered nanoseconds on random overlapping intervals (several streams)."""
+    import numpy as np
+    from jaxformer.hlo_profile import busy_ns
+
+    assert busy_ns([]) == (0, 0, 0)
+    assert busy_ns([(5, 9)]) == (4, 4, 0)
+    assert busy_ns([(0, 10), (2, 3), (12, 15)]) == (15, 13, 1)  # nested, then a gap of 2
+    rng = np.random.default_rng()
+    for _ in range(20):
+        starts = rng.integers(0, 500, size=rng.integers(1, 40))
+        ivs = [(int(a), int(a + rng.integers(1, 30))) for a in starts]
+        covered = np.zeros(600, bool)
+        for a, b in ivs:
+            covered[a:b] = True
+        lo, hi = min(a for a, _ in ivs), max(b for _, b in ivs)
+        runs = np.flatnonzero(np.diff(covered[lo:hi].astype(int)) == 1)  # idle -> busy edges inside the span
+        assert busy_ns(rng.permutation(np.array(ivs)).tolist()) == (hi - lo, int(covered.sum()), len(runs))
+
+
 def test_cli_profile_flag_errors():
     r = run_cli("--profile", "0")
     assert r.returncode == 2 and "--profile" in r.stderr
