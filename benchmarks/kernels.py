@@ -11,6 +11,7 @@ forward and forward+backward.
         --breakdown 8                                             # on the model's padded table, its kernels listed
     PYTHONPATH=. python benchmarks/kernels.py --ops embedding     # the embedding block: XLA vs its fused kernels
     PYTHONPATH=. python benchmarks/kernels.py --ops bdrln,bias_gelu --passes fwd+bwd --device-time 20  # device time
+    PYTHONPATH=. python benchmarks/kernels.py --ops gelu_dense --passes fwd+bwd --device-time 20 --breakdown 6
 
 Rows: every implementation the registry has for the operator that runs the case on this device (named by
 `--impls`: xla, triton, mosaic, mosaic_bwd, chunked; `python -m jaxformer.ops --table` lists them), the XLA
@@ -52,6 +53,7 @@ import jax.numpy as jnp
 
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
+import pallas_kernels.gelu_dense as gelu_dense
 import pallas_kernels.softmax as softmax
 from pallas_kernels import autotune, registry
 from pallas_kernels.dropout import seed_from_key
@@ -240,6 +242,16 @@ def cases(ops, dtype, scale=1, peers=False, device=None, mlm_table=MLM_VOCAB, ml
                     lambda *a: bias_gelu.bias_gelu(*a, **kw, impl=impl, blocks=blocks)), device)
                 out.append(Case("bias_gelu", f"{rows}x{f} p={rate}", impls, (x, bias), 2, 2 * rows * f * item,
                                 5 * rows * f * item, "bias_gelu", call))
+    if "gelu_dense" in ops:  # the feed-forward's GELU and output product: its backward's GEMM epilogue
+        for b, f, d in [(64 // scale, 4096, 1024), (64 // scale, 3072, 768)]:
+            x = jax.random.normal(key[0], (b, 128, f), dtype)
+            bias = jax.random.normal(key[1], (f,))
+            w = (jax.random.normal(key[2], (f, d)) / f ** 0.5).astype(dtype)
+            call = gelu_dense.Call(b * 128, f, d, name)
+            impls = _registry_impls("gelu_dense", call, lambda impl, blocks: (
+                lambda *a: gelu_dense.gelu_dense(*a, impl=impl, blocks=blocks)), device)
+            out.append(Case("gelu_dense", f"B{b} S128 F{f} D{d}", impls, (x, bias, w), 3, registry_op="gelu_dense",
+                            call=call))
     if "softmax" in ops:
         for b, n, s in [(64 // scale, 16, 128), (16 // scale, 16, 512)]:
             x = jax.random.normal(key[0], (b, n, s, s), dtype) * 3
@@ -456,7 +468,7 @@ def profile_kernels(step, args, calls, top, title):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", default="bdrln,bias_gelu,softmax,attention,embedding,layer",
-                    help="of bdrln, bias_gelu, softmax, attention, mlm_loss, layer_norm, embedding, layer")
+                    help="of bdrln, bias_gelu, gelu_dense, softmax, attention, mlm_loss, layer_norm, embedding, layer")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--only", default="", help="run only the shapes whose label contains this text")
     ap.add_argument("--passes", default="fwd,fwd+bwd", help="which passes to time")

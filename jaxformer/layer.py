@@ -4,12 +4,13 @@
     ctx  = softmax(q k^T / sqrt(H), padding mask) -> dropout -> @ v         (SM; pallas: flash, adding b_qkv itself)
            (packed rows: the mask is the segment ids, a query attends the keys of its own sample)
     x    = LN(x + dropout(ctx[BSNH] @ w_o[NHD] + b_o))                      (BDRLN)
-    h    = gelu(x @ w_i[DF] + b_i)                                          (BAD)
-    x    = LN(x + dropout(h[BSF] @ w_o2[FD] + b_o2))                        (BDRLN)
+    z    = x @ w_i[DF]
+    x    = LN(x + dropout(gelu(z[BSF] + b_i) @ w_o2[FD] + b_o2))            (BAD, then BDRLN)
 
 Each step is a function on layout-annotated tensors (`layouts.einsum`): `layouts` (a `LayoutConfig`) says in which
 order each activation is stored, and the memory-bound operators come from `ops` (`jaxformer.ops.select`), so the
-XLA references and the Pallas kernels run the same code path. The layout search (`jaxformer.layout_search`) times
+XLA references and the Pallas kernels run the same code path. The GELU and the product after it are one operator
+(`gelu_dense`), so that the backward can form z's gradient in that product's epilogue. The layout search (`jaxformer.layout_search`) times
 these very functions. With the default `LayoutConfig` every function issues exactly the operations written above.
 
 Under the Pallas kernels flash attention reads the packed projection as BSCNH (one [B*S, 3*N*H] GEMM output, q, k,
@@ -87,16 +88,16 @@ def attention_output(ctx: Annotated, residual: Annotated, *, ops, kernel, bias, 
                                                         seed=seed, rate=rate, eps=eps), layouts.x)
 
 
-def ffn_intermediate(x: Annotated, *, ops, kernel, bias, layouts: LayoutConfig, dtype) -> Annotated:
-    """gelu(x @ w_i + b_i) (BAD), stored in `layouts.h`."""
-    return annotate(ops.bias_gelu(einsum(layouts.h, x, annotate(kernel.astype(dtype), "DF")).array, bias), layouts.h)
+def ffn_intermediate(x: Annotated, *, kernel, layouts: LayoutConfig, dtype) -> Annotated:
+    """z = x @ w_i, the pre-activation, stored in `layouts.h` (its bias and GELU run in `ffn_output`)."""
+    return einsum(layouts.h, x, annotate(kernel.astype(dtype), "DF"))
 
 
-def ffn_output(h: Annotated, residual: Annotated, *, ops, kernel, bias, ln_scale, ln_bias, layouts: LayoutConfig,
-               dtype, seed, rate: float, eps: float) -> Annotated:
-    """LN(x + dropout(h @ w_o2 + b_o2)) (BDRLN), stored in `layouts.x`."""
-    out = einsum(layouts.x, h, annotate(kernel.astype(dtype), "FD"))
-    return annotate(ops.bias_dropout_residual_layernorm(out.array, bias, residual.array, ln_scale, ln_bias,
+def ffn_output(z: Annotated, residual: Annotated, *, ops, in_bias, kernel, bias, ln_scale, ln_bias,
+               layouts: LayoutConfig, dtype, seed, rate: float, eps: float) -> Annotated:
+    """LN(x + dropout(gelu(z + b_i) @ w_o2 + b_o2)) (BAD + BDRLN), stored in `layouts.x`."""
+    out = ops.gelu_dense(z.array, in_bias, kernel.astype(dtype), layout=z.layout, out=layouts.x)
+    return annotate(ops.bias_dropout_residual_layernorm(out, bias, residual.array, ln_scale, ln_bias,
                                                         seed=seed, rate=rate, eps=eps), layouts.x)
 
 
@@ -150,9 +151,8 @@ class FeedForward(nnx.Module):
         cfg, dtype, layouts = self.config, self.config.compute_dtype, self.config.layout_config
         ops = _ops.select(cfg.kernels)
         x = constrain(annotate(x, layouts.x), between_blocks=True)  # block boundary: B over data/fsdp
-        h = constrain(ffn_intermediate(x, ops=ops, kernel=self.in_kernel[...], bias=self.in_bias[...],
-                                       layouts=layouts, dtype=dtype))  # F split over tensor
-        return ffn_output(h, x, ops=ops, kernel=self.out_kernel[...], bias=self.out_bias[...],
+        z = constrain(ffn_intermediate(x, kernel=self.in_kernel[...], layouts=layouts, dtype=dtype))  # F over tensor
+        return ffn_output(z, x, ops=ops, in_bias=self.in_bias[...], kernel=self.out_kernel[...], bias=self.out_bias[...],
                           ln_scale=self.layer_norm.scale[...], ln_bias=self.layer_norm.bias[...], layouts=layouts,
                           dtype=dtype, seed=seed, rate=0.0 if deterministic else cfg.hidden_dropout_prob,
                           eps=cfg.layer_norm_eps).array

@@ -96,18 +96,23 @@ class Timer:
                 return layer.attention(annotate(qkv, L.qkv), self.mask, ops=f, pallas=True, layouts=L,
                                        seed=self.seed, rate=self.attn_rate).array
             args = (self.act("qkv", L.qkv),)
-        elif name in ("attn_out", "ffn_out"):
-            src, w, b = ("ctx", "out_kernel", "out_bias") if name == "attn_out" else ("h", "out2_kernel", "out2_bias")
-            op = layer.attention_output if name == "attn_out" else layer.ffn_output
-
-            def fn(a, w, b, x, scale, shift, op=op, src=src):
-                return op(annotate(a, getattr(L, src)), annotate(x, L.x), ops=f, kernel=w, bias=b, ln_scale=scale,
-                          ln_bias=shift, layouts=L, dtype=dt, seed=self.seed, rate=self.hidden_rate, eps=eps).array
-            args = (self.act(src, getattr(L, src)), P[w], P[b], self.act("x", L.x), P["ln_scale"], P["ln_bias"])
+        elif name == "attn_out":
+            def fn(a, w, b, x, scale, shift):
+                return layer.attention_output(annotate(a, L.ctx), annotate(x, L.x), ops=f, kernel=w, bias=b,
+                                              ln_scale=scale, ln_bias=shift, layouts=L, dtype=dt, seed=self.seed,
+                                              rate=self.hidden_rate, eps=eps).array
+            args = (self.act("ctx", L.ctx), P["out_kernel"], P["out_bias"], self.act("x", L.x), P["ln_scale"],
+                    P["ln_bias"])
+        elif name == "ffn_out":  # the GELU (its bias, in_bias) with the product and BDRLN after it
+            def fn(z, b_in, w, b, x, scale, shift):
+                return layer.ffn_output(annotate(z, L.h), annotate(x, L.x), ops=f, in_bias=b_in, kernel=w, bias=b,
+                                        ln_scale=scale, ln_bias=shift, layouts=L, dtype=dt, seed=self.seed,
+                                        rate=self.hidden_rate, eps=eps).array
+            args = (self.act("h", L.h), P["in_bias"], P["out2_kernel"], P["out2_bias"], self.act("x", L.x),
+                    P["ln_scale"], P["ln_bias"])
         elif name == "ffn_in":
-            fn = lambda x, w, b: layer.ffn_intermediate(annotate(x, L.x), ops=f, kernel=w, bias=b,  # noqa: E731
-                                                        layouts=L, dtype=dt).array
-            args = (self.act("x", L.x), P["in_kernel"], P["in_bias"])
+            fn = lambda x, w: layer.ffn_intermediate(annotate(x, L.x), kernel=w, layouts=L, dtype=dt).array  # noqa: E731
+            args = (self.act("x", L.x), P["in_kernel"])
         else:
             raise ValueError(f"unknown operator {name!r}")
         return self.measure(fn, args)

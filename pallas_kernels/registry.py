@@ -160,7 +160,8 @@ class Operator:
 _OPERATORS: dict[str, Operator] = {}
 # The modules that register the operators (each calls `register` on import).
 _MODULES = ("pallas_kernels.embedding_layernorm", "pallas_kernels.attention", "pallas_kernels.bias_gelu",
-            "pallas_kernels.bias_dropout_residual_layernorm", "pallas_kernels.softmax", "pallas_kernels.mlm_loss")
+            "pallas_kernels.gelu_dense", "pallas_kernels.bias_dropout_residual_layernorm", "pallas_kernels.softmax",
+            "pallas_kernels.mlm_loss")
 
 
 def register(op: Operator) -> Operator:

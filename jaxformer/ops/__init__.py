@@ -21,6 +21,10 @@ bias_gelu: dropout(gelu(x + bias)) (BAD / BDRB)
   1. mosaic      Mosaic GPU kernels (kernel_mgpu.py): Hopper+, width a multiple of 512 (16-bit) or 256 (32-bit)
   2. triton      Triton kernels (kernel.py)
   3. xla         the jax.numpy reference (XLA fuses it)
+gelu_dense: gelu(x + bias) @ kernel, the feed-forward's activation and output product (BAD + its GEMM)
+  1. split       bias+GELU's own kernels (pallas_kernels.bias_gelu), then XLA's GEMM
+  2. xla         the jax.numpy reference (XLA fuses it)
+     mosaic      bias+GELU's Mosaic GPU forward writing GELU' too, XLA's GEMM; the backward's input gradient a Mosaic GPU GEMM times GELU' in its epilogue (kernel_mgpu.py): Hopper+, 16-bit, rows % 128, F % 512, D % 64
 attention: softmax(q k^T / sqrt(H), key mask) with dropout, times v (SM, BS)
   1. mosaic_bwd  Triton forward, Mosaic GPU one-kernel backward (kernel_mgpu.py): Hopper+, S = T = 128, H = 64, bf16
   2. triton      FlashAttention-2 in Triton (forward.py, backward.py)
@@ -51,6 +55,7 @@ import pallas_kernels.attention as _attention
 import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
 import pallas_kernels.bias_gelu as _bias_gelu
 import pallas_kernels.embedding_layernorm as _embedding
+import pallas_kernels.gelu_dense as _gelu_dense
 import pallas_kernels.mlm_loss as _mlm_loss
 from pallas_kernels import registry
 
@@ -63,6 +68,7 @@ PALLAS = {
     "bias_dropout_residual_layernorm": _bdrln.bias_dropout_residual_layernorm,
     "layer_norm": _bdrln.layer_norm,
     "bias_gelu": _bias_gelu.bias_gelu,
+    "gelu_dense": _gelu_dense.gelu_dense,
     "attention": _attention.sharded_flash_attention,
     "attention_qkv": _attention.sharded_flash_attention_qkv,
     "mlm_cross_entropy": _mlm_loss.mlm_cross_entropy,

@@ -12,6 +12,7 @@ import pallas_kernels.attention as _attention
 import pallas_kernels.bias_dropout_residual_layernorm as _bdrln
 import pallas_kernels.bias_gelu as _bias_gelu
 import pallas_kernels.embedding_layernorm as _embedding
+import pallas_kernels.gelu_dense as _gelu_dense
 import pallas_kernels.mlm_loss as _mlm_loss
 from pallas_kernels import registry
 from pallas_kernels.mesh import MESH_AXES, shard_counts
@@ -35,6 +36,7 @@ def model_calls(cfg, batch: int, seq_len: int, mesh: dict[str, int], *, max_pred
         ("self-attention", "attention_qkv", _attention.impls.Call(b, s, s, n // tp, cfg.head_dim, dtype, attention,
                                                                   True)),
         ("attention output", "bias_dropout_residual_layernorm", bdrln),
+        ("feed-forward", "gelu_dense", _gelu_dense.Call(b * s, f // tp, d, dtype)),
         ("feed-forward", "bias_gelu", _bias_gelu.Call(b * s, f // tp, dtype, 0.0)),  # no dropout: F split too
         ("feed-forward output", "bias_dropout_residual_layernorm", bdrln),
         ("MLM head", "bias_gelu", _bias_gelu.Call(b * p, d // tp, dtype, 0.0)),

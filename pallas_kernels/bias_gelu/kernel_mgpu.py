@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from .._math import _SQRT_HALF, gelu_grad, gelu_terms
+from .._math import _INV_SQRT_PI, _LOG2E, _SQRT_HALF, gelu_grad, gelu_terms
 from .. import _mgpu
 from .._mgpu import (LANES, check_rows, iota, kernel_call, pipeline, reciprocal, split_programs, strided, vec_size,
                      zeros)
@@ -90,11 +90,15 @@ def _keep(seeds, tile_index, br, width, vec, interpret, rate):
     return keep_mask_lanes((s0, s1), first, iota(br * width, vec, interpret), rate)
 
 
-def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
-    """x (R, F), bias (F,), seed_words uint32[4] = [seed0, seed1, row_offset, head_offset] -> y (R, F) in x.dtype."""
+def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks, with_grad: bool = False):
+    """x (R, F), bias (F,), seed_words uint32[4] = [seed0, seed1, row_offset, head_offset] -> y (R, F) in x.dtype;
+    `with_grad` (no dropout): also GELU'(x + bias) in x.dtype, from the same erf (`pallas_kernels.gelu_dense`'s
+    backward multiplies by it in its GEMM's epilogue)."""
     rows, width = x.shape
     br = blocks.block_rows
     check_rows(rows, width, x.dtype, br, "block_rows")
+    if with_grad and rate:
+        raise ValueError(f"with_grad needs rate=0 (got {rate})")
     n, vec = br * width, vec_size(x.dtype)
     tile = (n // LANES, LANES)
     programs, steps = split_programs(rows // br, blocks.programs)
@@ -102,27 +106,33 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks):
     scale = keep_scale(rate)  # 1 without dropout
     recip = functools.partial(reciprocal, vec=vec, interpret=interpret, approx=blocks.approx_math)
 
-    def body(x_gmem, b_gmem, seed_gmem, y_gmem):
+    def body(x_gmem, b_gmem, seed_gmem, y_gmem, *g_gmem):
         p = lax.axis_index("p")
         bc = strided(b_gmem[...], vec, interpret) * _SQRT_HALF  # (F,) float32 b/√2, once per program
         seeds = _mgpu.seeds(seed_gmem, rate)
 
-        def step(idx, x_smem, y_smem):
+        def step(idx, x_smem, y_smem, *g_smem):
             x = x_smem[...].astype(jnp.float32).reshape(br, width)
             z, cdf = gelu_terms(x, bc, scale, recip)
             z, cdf = z.reshape(n), cdf.reshape(n)
             if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
                 cdf = jnp.where(_keep(seeds, tile_of(p, idx[0]), br, width, vec, interpret, rate), cdf, 0.0)
             y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
+            if g_smem:  # GELU' = (1 + erf(z))/2 + z·exp(-z²)/√π, with cdf = (1 + erf(z))/√2
+                g = cdf * _SQRT_HALF + (z * jnp.exp2(z * z * jnp.float32(-_LOG2E))) * jnp.float32(_INV_SQRT_PI)
+                g_smem[0][...] = g.astype(g_smem[0].dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))
-        pipeline(step, steps=steps, in_specs=[spec], out_specs=[spec],
-                 max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret)(x_gmem, y_gmem)
+        pipeline(step, steps=steps, in_specs=[spec], out_specs=[spec] * (1 + len(g_gmem)),
+                 max_concurrent_steps=blocks.max_concurrent_steps, interpret=interpret)(x_gmem, y_gmem, *g_gmem)
 
     out = jax.ShapeDtypeStruct((rows * width // LANES, LANES), x.dtype)
-    y = kernel_call(body, out, programs=programs, interpret=interpret, approx_math=blocks.approx_math,
-                    name="bias_gelu_fwd_mgpu")(x.reshape(-1, LANES), bias.astype(jnp.float32), seed_words)
-    return y.reshape(rows, width)
+    outs = kernel_call(body, (out, out) if with_grad else out, programs=programs, interpret=interpret,
+                       approx_math=blocks.approx_math, name="bias_gelu_fwd_grad_mgpu" if with_grad else
+                       "bias_gelu_fwd_mgpu")(x.reshape(-1, LANES), bias.astype(jnp.float32), seed_words)
+    if with_grad:
+        return tuple(o.reshape(rows, width) for o in outs)
+    return outs.reshape(rows, width)
 
 
 def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
@@ -180,5 +190,5 @@ def _backward(x, bias, seed_words, dy, *, rate, interpret, blocks: Blocks):
     return dx.reshape(rows, width), db
 
 
-forward = _mgpu.one_module(_forward, ("rate", "interpret", "blocks"))
+forward = _mgpu.one_module(_forward, ("rate", "interpret", "blocks", "with_grad"))
 backward = _mgpu.one_module(_backward, ("rate", "interpret", "blocks"))

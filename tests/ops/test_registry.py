@@ -19,6 +19,7 @@ import pallas_kernels.attention as attention
 import pallas_kernels.bias_dropout_residual_layernorm as bdrln
 import pallas_kernels.bias_gelu as bias_gelu
 import pallas_kernels.embedding_layernorm as embedding
+import pallas_kernels.gelu_dense as gelu_dense
 import pallas_kernels.mlm_loss as mlm_loss
 from jaxformer import ops
 from pallas_kernels import registry
@@ -26,7 +27,7 @@ from pallas_kernels.registry import Device
 
 PINNED = os.path.join(os.path.dirname(__file__), "pinned_choices.json")
 CALLS = {"embedding_layernorm": embedding.Call, "bias_dropout_residual_layernorm": bdrln.Call,
-         "bias_gelu": bias_gelu.Call, "mlm_cross_entropy": mlm_loss.Call}
+         "bias_gelu": bias_gelu.Call, "gelu_dense": gelu_dense.Call, "mlm_cross_entropy": mlm_loss.Call}
 PRESETS = {"base": (768, 12, 3072), "large": (1024, 16, 4096)}  # D, N, F
 PADDED_VOCAB = 30592  # 30522 rounded up to a multiple of 128 (BertConfig.padded_vocab_size)
 
@@ -48,7 +49,8 @@ def model_calls():
                                                        rate=rate)),
                                 ("bias_dropout_residual_layernorm", dict(rows=b * s, width=d, dtype=dtype,
                                                                          out_dtype=dtype, rate=rate)),
-                                ("bias_gelu", dict(rows=b * s, width=f, dtype=dtype, rate=0.0)),  # feed-forward
+                                ("gelu_dense", dict(rows=b * s, width=f, depth=d, dtype=dtype)),  # feed-forward
+                                ("bias_gelu", dict(rows=b * s, width=f, dtype=dtype, rate=0.0)),  # its split form
                                 ("bias_gelu", dict(rows=b * p, width=d, dtype=dtype, rate=0.0)),  # MLM head
                                 ("layer_norm", dict(rows=b * p, width=d, dtype=dtype, out_dtype=dtype, rate=0.0)),
                                 ("mlm_cross_entropy", dict(rows=b * p, vocab=PADDED_VOCAB, width=d, dtype=dtype)),
