@@ -7,11 +7,12 @@
     z    = x @ w_i[DF]
     x    = LN(x + dropout(gelu(z[BSF] + b_i) @ w_o2[FD] + b_o2))            (BAD, then BDRLN)
 
-Each step is a function on layout-annotated tensors (`layouts.einsum`): `layouts` (a `LayoutConfig`) says in which
-order each activation is stored, and the memory-bound operators come from `ops` (`jaxformer.ops.select`), so the
-XLA references and the Pallas kernels run the same code path. The GELU and the product after it are one operator
-(`gelu_dense`), so that the backward can form z's gradient in that product's epilogue. The layout search (`jaxformer.layout_search`) times
-these very functions. With the default `LayoutConfig` every function issues exactly the operations written above.
+Each step is a function on layout-annotated tensors (`layouts.einsum`): `layouts` (a `LayoutConfig`) says in which order
+each activation is stored, and the memory-bound operators come from `ops` (`jaxformer.ops.select`), so the XLA
+references and the Pallas kernels run the same code path. The GELU and the product after it are one operator
+(`gelu_dense`), so that the backward can form z's gradient in that product's epilogue. The layout search
+(`jaxformer.layout_search`) times these very functions. With the default `LayoutConfig` every function issues exactly
+the operations written above.
 
 Under the Pallas kernels flash attention reads the packed projection as BSCNH (one [B*S, 3*N*H] GEMM output, q, k,
 v read in place) and writes the context as BSNH; another configured order costs a transpose here. BDRLN and
@@ -152,10 +153,10 @@ class FeedForward(nnx.Module):
         ops = _ops.select(cfg.kernels)
         x = constrain(annotate(x, layouts.x), between_blocks=True)  # block boundary: B over data/fsdp
         z = constrain(ffn_intermediate(x, kernel=self.in_kernel[...], layouts=layouts, dtype=dtype))  # F over tensor
-        return ffn_output(z, x, ops=ops, in_bias=self.in_bias[...], kernel=self.out_kernel[...], bias=self.out_bias[...],
-                          ln_scale=self.layer_norm.scale[...], ln_bias=self.layer_norm.bias[...], layouts=layouts,
-                          dtype=dtype, seed=seed, rate=0.0 if deterministic else cfg.hidden_dropout_prob,
-                          eps=cfg.layer_norm_eps).array
+        return ffn_output(z, x, ops=ops, in_bias=self.in_bias[...], kernel=self.out_kernel[...],
+                          bias=self.out_bias[...], ln_scale=self.layer_norm.scale[...],
+                          ln_bias=self.layer_norm.bias[...], layouts=layouts, dtype=dtype, seed=seed,
+                          rate=0.0 if deterministic else cfg.hidden_dropout_prob, eps=cfg.layer_norm_eps).array
 
 
 class EncoderLayer(nnx.Module):

@@ -12,13 +12,13 @@ median of repeats; jaxformer/layout_timing.py). The result is written as a `Layo
 `layouts/configs/<gpu>-<preset>-s<seq>.json`, loadable by name or path: `BertConfig(layouts=...)`, `train.py
 --layouts`), and the whole encoder layer (forward + backward) is timed in the chosen and in the default layouts.
 
-Operators (XLA path): qkv_proj (x -> qkv), scores (qkv -> scores), softmax (scores -> probs, same layout),
-context (probs, qkv -> ctx), attn_out (ctx, x -> x1: projection + BDRLN), ffn_in (x1 -> h: the projection, h the
-pre-activation), ffn_out (h, x1 -> x2: bias + GELU, projection, BDRLN). x1 and x2 are stored like x (BDRLN adds the residual row by row, and x2 is the next
-layer's x). Under `--kernels pallas` the three attention operators are one flash-attention operator that reads qkv
-only as the packed BSCNH (always a candidate; the model's default there) and writes ctx only as BSNH: other qkv/ctx
-layouts cost transposes, which are timed and are edges of the graph, exactly the transposes the model then inserts
-(`jaxformer/layer.py`).
+Operators (XLA path): qkv_proj (x -> qkv), scores (qkv -> scores), softmax (scores -> probs, same layout), context
+(probs, qkv -> ctx), attn_out (ctx, x -> x1: projection + BDRLN), ffn_in (x1 -> h: the projection, h the
+pre-activation), ffn_out (h, x1 -> x2: bias + GELU, projection, BDRLN). x1 and x2 are stored like x (BDRLN adds the
+residual row by row, and x2 is the next layer's x). Under `--kernels pallas` the three attention operators are one
+flash-attention operator that reads qkv only as the packed BSCNH (always a candidate; the model's default there) and
+writes ctx only as BSNH: other qkv/ctx layouts cost transposes, which are timed and are edges of the graph, exactly the
+transposes the model then inserts (`jaxformer/layer.py`).
 """
 
 from __future__ import annotations

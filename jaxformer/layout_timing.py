@@ -111,7 +111,8 @@ class Timer:
             args = (self.act("h", L.h), P["in_bias"], P["out2_kernel"], P["out2_bias"], self.act("x", L.x),
                     P["ln_scale"], P["ln_bias"])
         elif name == "ffn_in":
-            fn = lambda x, w: layer.ffn_intermediate(annotate(x, L.x), kernel=w, layouts=L, dtype=dt).array  # noqa: E731
+            def fn(x, w):
+                return layer.ffn_intermediate(annotate(x, L.x), kernel=w, layouts=L, dtype=dt).array
             args = (self.act("x", L.x), P["in_kernel"])
         else:
             raise ValueError(f"unknown operator {name!r}")

@@ -59,7 +59,11 @@ def gelu_terms(x, bc, scale: float, recip):
 
 def gelu_grad(x, bc, scale: float, recip):
     """scale·GELU'(x + b) = scale·((1 + erf(z))/2 + z·exp(-z²)/√π), exp as exp2."""
-    z, a = _erf_terms(x, bc, 0.5 * scale, recip)
+    return gelu_grad_from_terms(*_erf_terms(x, bc, 0.5 * scale, recip), scale)
+
+
+def gelu_grad_from_terms(z, a, scale: float):
+    """scale·GELU'(x + b) from z = (x + b)/√2 and a = scale·(1 + erf(z))/2 (`gelu_terms`' second term over √2)."""
     return (z * jnp.exp2(z * z * jnp.float32(-_LOG2E))) * jnp.float32(scale * _INV_SQRT_PI) + a
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from .._math import _INV_SQRT_PI, _LOG2E, _SQRT_HALF, gelu_grad, gelu_terms
+from .._math import _SQRT_HALF, gelu_grad, gelu_grad_from_terms, gelu_terms
 from .. import _mgpu
 from .._mgpu import (LANES, check_rows, iota, kernel_call, pipeline, reciprocal, split_programs, strided, vec_size,
                      zeros)
@@ -118,8 +118,8 @@ def _forward(x, bias, seed_words, *, rate, interpret, blocks: Blocks, with_grad:
             if rate:  # the mask selects the factor (z·0 = 0 for the finite z of a finite input)
                 cdf = jnp.where(_keep(seeds, tile_of(p, idx[0]), br, width, vec, interpret, rate), cdf, 0.0)
             y_smem[...] = (z * cdf).astype(y_smem.dtype).reshape(tile)
-            if g_smem:  # GELU' = (1 + erf(z))/2 + z·exp(-z²)/√π, with cdf = (1 + erf(z))/√2
-                g = cdf * _SQRT_HALF + (z * jnp.exp2(z * z * jnp.float32(-_LOG2E))) * jnp.float32(_INV_SQRT_PI)
+            if g_smem:  # GELU' from the same erf: cdf = (1 + erf(z))/√2 without dropout
+                g = gelu_grad_from_terms(z, cdf * _SQRT_HALF, 1.0)
                 g_smem[0][...] = g.astype(g_smem[0].dtype).reshape(tile)
 
         spec = plgpu.BlockSpec(tile, lambda s: (tile_of(p, s), 0))

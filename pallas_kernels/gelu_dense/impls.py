@@ -3,15 +3,14 @@ first (`pallas_kernels.registry`).
 
 - `split` (the default): bias+GELU's own kernels (`pallas_kernels.bias_gelu`), then XLA's GEMM; any shape and order.
 - `xla`: the reference (`reference.py`).
-- `mosaic` (only when named): bias+GELU's Mosaic GPU forward also writes GELU'(x + bias), then XLA's GEMM; the backward's input
-  gradient is one Mosaic GPU wgmma GEMM that multiplies by that derivative and sums the bias gradient's columns in
-  its epilogue (`kernel_mgpu.py`), instead of cuBLAS's product written to HBM and bias+GELU's backward reading it
-  back. Hopper+, 16-bit, x stored with F last and the result in the same order, rows a multiple of 128, F of 512,
-  D of 64. On an H200 at BERT-large's feed-forward its backward kernel takes 120-124 us against 141 for cuBLAS +
-  bias+GELU's backward, but the forward's extra write of GELU' costs 18 us (40 -> 58 us): equal in all, and the
-  train step measured equal (kernels-h200.md, GELU in the GEMM's epilogue). What would make it pay: the epilogue
-  under the next tile's products (two consumer warpgroups on alternating tiles), which this GEMM's pipeline does
-  not do.
+- `mosaic` (only when named): bias+GELU's Mosaic GPU forward also writes GELU'(x + bias), then XLA's GEMM; the
+  backward's input gradient is one Mosaic GPU wgmma GEMM that multiplies by that derivative and sums the bias gradient's
+  columns in its epilogue (`kernel_mgpu.py`), instead of cuBLAS's product written to HBM and bias+GELU's backward
+  reading it back. Hopper+, 16-bit, x stored with F last and the result in the same order, rows a multiple of 128, F of
+  512, D of 64. On an H200 at BERT-large's feed-forward its backward kernel takes 120-124 us against 141 for cuBLAS +
+  bias+GELU's backward, but the forward's extra write of GELU' costs 18 us (40 -> 58 us): equal in all, and the train
+  step measured equal (kernels-h200.md, GELU in the GEMM's epilogue). What would make it pay: the epilogue under the
+  next tile's products (two consumer warpgroups on alternating tiles), which this GEMM's pipeline does not do.
 """
 
 import dataclasses
@@ -40,7 +39,7 @@ def same_order(call: Call) -> bool:
 
 
 class Mosaic(Implementation):
-    name, module = "mosaic", kernel_mgpu
+    name = "mosaic"
     summary = ("bias+GELU's Mosaic GPU forward writing GELU' too, XLA's GEMM; the backward's input gradient a Mosaic "
                "GPU GEMM times GELU' in its epilogue (kernel_mgpu.py): Hopper+, 16-bit, rows % 128, F % 512, D % 64")
 

@@ -66,7 +66,8 @@ def test_kernel_outputs_interpret():
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("blocks", [kernel_mgpu.Blocks(), kernel_mgpu.Blocks(grid_tile_width=4)], ids=["default", "band4"])
+@pytest.mark.parametrize("blocks", [kernel_mgpu.Blocks(), kernel_mgpu.Blocks(grid_tile_width=4)],
+                         ids=["default", "band4"])
 @pytest.mark.parametrize("shape", [(8192, 1024, 4096), (1024, 768, 3072)], ids=["large", "base"])
 def test_kernel_compiled_on_gpu(blocks, shape):
     _kernel_case(*shape, blocks, seed=6, interpret=False)
